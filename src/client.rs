@@ -1,0 +1,100 @@
+//! `LockClient`: locks on one Redis server.
+
+use std::sync::Arc;
+
+use crate::config::{LockConfig, QuorumConfig};
+use crate::core::Core;
+use crate::lock::Lock;
+use crate::node::Node;
+use crate::Error;
+
+/// A connection to one Redis server that hands out [`Lock`]s.
+///
+/// It owns two connections (commands, and a subscriber for release messages) and two background
+/// tasks (the watchdog and the releaser), whatever the number of locks, guards and waiters. Cheap to
+/// clone; every clone shares them. Must be created inside a tokio runtime.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use relock::{LockClient, LockConfig};
+///
+/// # async fn demo() -> Result<(), relock::Error> {
+/// let config = LockConfig::default()
+///     .watchdog_timeout(Duration::from_secs(30))
+///     .key_prefix("shop");
+/// let client = LockClient::connect_with("redis://127.0.0.1:6379", config).await?;
+/// let guard = client.lock("inventory:sku-42").acquire().await?;
+/// // ... deduct the stock ...
+/// drop(guard);
+/// client.shutdown().await;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    pub(crate) core: Arc<Core>,
+}
+
+impl LockClient {
+    /// Connects with the default [`LockConfig`].
+    pub async fn connect(url: &str) -> Result<LockClient, Error> {
+        LockClient::connect_with(url, LockConfig::default()).await
+    }
+
+    /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`) and loads the
+    /// scripts. Fails with [`Error::InvalidConfig`] for a bad URL or configuration (before any I/O),
+    /// and with [`Error::Timeout`] or [`Error::Redis`] when the server cannot be reached within the
+    /// command timeout. Lost connections are re-established in the background.
+    pub async fn connect_with(url: &str, config: LockConfig) -> Result<LockClient, Error> {
+        config.validate()?;
+        let node = Node::build(url, config.get_command_timeout())?;
+        LockClient::start(node, config, true).await
+    }
+
+    /// Builds a client on an existing fred client (which it connects if needed). A second connection,
+    /// for release messages, is made from the same configuration. For safety, configure it with
+    /// `max_command_attempts = 1` and a reconnect policy; relock's scripts tolerate resends anyway.
+    pub async fn from_fred(client: fred::clients::Client, config: LockConfig) -> Result<LockClient, Error> {
+        config.validate()?;
+        use fred::interfaces::ClientLike;
+        if !matches!(client.client_config().server, fred::types::config::ServerConfig::Centralized { .. }) {
+            return Err(Error::InvalidConfig("only a client of a single (centralized) server is supported".into()));
+        }
+        LockClient::start(Node::from_client(client), config, false).await
+    }
+
+    async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
+        let timeout = config.get_command_timeout();
+        node.init(timeout).await?;
+        let quorum = QuorumConfig::default().node_timeout(timeout);
+        let core = Core::start(vec![Arc::new(node)], config, quorum, owns_client);
+        Ok(LockClient { core })
+    }
+
+    /// The lock called `name`. No I/O; the name is checked when the lock is used.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock::new(self.core.clone(), name)
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &LockConfig {
+        &self.core.config
+    }
+
+    /// The server this client talks to (`host:port`).
+    pub fn server(&self) -> &str {
+        &self.core.nodes[0].server
+    }
+
+    /// Releases every lock this client holds (their guards become lost), stops the background tasks
+    /// and closes the connections it opened. Later acquisitions fail with [`Error::Shutdown`].
+    pub async fn shutdown(&self) {
+        self.core.shutdown().await;
+    }
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockClient").field("server", &self.server()).field("id", &self.core.id).finish()
+    }
+}

@@ -1,0 +1,273 @@
+//! Configuration builders. All validation happens here, before any I/O.
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// The shortest lease accepted.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The longest lease accepted (one day). Longer work keeps a short lease alive with the watchdog.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest lock name accepted, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+/// The longest key prefix accepted, in bytes.
+pub const MAX_PREFIX_LEN: usize = 128;
+
+/// Settings of a [`LockClient`](crate::LockClient): the watchdog, key names and Redis timeouts.
+///
+/// The builder methods never fail; the values are checked when a client is built from them
+/// ([`LockClient::connect_with`](crate::LockClient::connect_with)), which returns
+/// [`Error::InvalidConfig`] or [`Error::InvalidDuration`] before any I/O.
+///
+/// ```
+/// use std::time::Duration;
+/// use relock::LockConfig;
+///
+/// let config = LockConfig::default()
+///     .watchdog_timeout(Duration::from_secs(15))
+///     .key_prefix("shop");
+/// assert_eq!(config.get_renew_interval(), Duration::from_secs(5)); // watchdog_timeout / 3
+/// assert!(config.validate().is_ok());
+/// assert!(LockConfig::default().renew_interval(Duration::from_secs(60)).validate().is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockConfig {
+    watchdog_timeout: Duration,
+    renew_interval: Option<Duration>,
+    key_prefix: String,
+    command_timeout: Duration,
+}
+
+impl Default for LockConfig {
+    fn default() -> Self {
+        LockConfig {
+            watchdog_timeout: Duration::from_secs(30),
+            renew_interval: None,
+            key_prefix: "relock".to_string(),
+            command_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl LockConfig {
+    /// The lease of a lock in watchdog mode (the default mode): how long the lock outlives a holder
+    /// that stops renewing it, e.g. a crashed process. Default 30 s.
+    pub fn watchdog_timeout(mut self, lease: Duration) -> Self {
+        self.watchdog_timeout = lease;
+        self
+    }
+
+    /// How often the watchdog renews the held locks. Default `watchdog_timeout / 3`; must be shorter
+    /// than `watchdog_timeout`.
+    pub fn renew_interval(mut self, interval: Duration) -> Self {
+        self.renew_interval = Some(interval);
+        self
+    }
+
+    /// The prefix of every Redis key and channel of this client's locks. Default `"relock"`.
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.key_prefix = prefix.into();
+        self
+    }
+
+    /// How long one request to Redis may take before it fails with [`Error::Timeout`]. Default 5 s.
+    /// For a [`MultiLock`](crate::MultiLock), [`QuorumConfig::node_timeout`] applies instead.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// The configured watchdog lease.
+    pub fn get_watchdog_timeout(&self) -> Duration {
+        self.watchdog_timeout
+    }
+
+    /// The renew interval in force (explicit, or `watchdog_timeout / 3`).
+    pub fn get_renew_interval(&self) -> Duration {
+        self.renew_interval.unwrap_or(self.watchdog_timeout / 3)
+    }
+
+    /// The configured key prefix.
+    pub fn get_key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// The configured command timeout.
+    pub fn get_command_timeout(&self) -> Duration {
+        self.command_timeout
+    }
+
+    /// Checks every value; the error names the first that is wrong.
+    pub fn validate(&self) -> Result<(), Error> {
+        check_lease("watchdog_timeout", self.watchdog_timeout)?;
+        let interval = self.get_renew_interval();
+        if interval.is_zero() {
+            return Err(Error::InvalidDuration("renew_interval must be above zero".into()));
+        }
+        if interval >= self.watchdog_timeout {
+            return Err(Error::InvalidConfig(format!(
+                "renew_interval ({interval:?}) must be shorter than watchdog_timeout ({:?})",
+                self.watchdog_timeout
+            )));
+        }
+        check_timeout("command_timeout", self.command_timeout)?;
+        check_prefix(&self.key_prefix)
+    }
+}
+
+/// Settings of the quorum algorithm of a [`MultiLock`](crate::MultiLock) (Redlock).
+///
+/// ```
+/// use std::time::Duration;
+/// use relock::QuorumConfig;
+///
+/// let config = QuorumConfig::default()
+///     .node_timeout(Duration::from_millis(50))
+///     .clock_drift_factor(0.01)
+///     .retry_delay(Duration::from_millis(200));
+/// assert!(config.validate().is_ok());
+/// assert!(QuorumConfig::default().clock_drift_factor(2.0).validate().is_err());
+/// ```
+#[derive(Debug, Clone)]
+pub struct QuorumConfig {
+    pub(crate) node_timeout: Duration,
+    pub(crate) clock_drift_factor: f64,
+    pub(crate) retry_delay: Duration,
+    pub(crate) restart_quarantine: bool,
+    pub(crate) lock: Option<LockConfig>,
+}
+
+impl Default for QuorumConfig {
+    fn default() -> Self {
+        QuorumConfig {
+            node_timeout: Duration::from_millis(200),
+            clock_drift_factor: 0.01,
+            retry_delay: Duration::from_millis(200),
+            restart_quarantine: true,
+            lock: None,
+        }
+    }
+}
+
+impl QuorumConfig {
+    /// The bound of one request to one master; keep it small against the lease. Default 200 ms.
+    pub fn node_timeout(mut self, timeout: Duration) -> Self {
+        self.node_timeout = timeout;
+        self
+    }
+
+    /// The share of the lease allowed for clock drift between the masters; the drift subtracted from
+    /// a lease is `lease * factor + 2 ms`. Default 0.01.
+    pub fn clock_drift_factor(mut self, factor: f64) -> Self {
+        self.clock_drift_factor = factor;
+        self
+    }
+
+    /// The base of the random delay before retrying after a split vote: the delay is drawn from
+    /// `[retry_delay / 2, retry_delay * 3 / 2)`. Default 200 ms.
+    pub fn retry_delay(mut self, delay: Duration) -> Self {
+        self.retry_delay = delay;
+        self
+    }
+
+    /// Whether a master seen restarted (its `run_id` changed) is left out of every quorum for one
+    /// watchdog lease (or the longest fixed lease granted since), the delayed restart of the Redlock
+    /// page. Default true.
+    pub fn restart_quarantine(mut self, on: bool) -> Self {
+        self.restart_quarantine = on;
+        self
+    }
+
+    /// The watchdog and key settings of the locks. Default: those of the first client given to
+    /// [`MultiLock::with_config`](crate::MultiLock::with_config). (Its `command_timeout` does not apply:
+    /// `node_timeout` bounds each request.)
+    pub fn lock_config(mut self, config: LockConfig) -> Self {
+        self.lock = Some(config);
+        self
+    }
+
+    /// Checks every value; the error names the first that is wrong.
+    pub fn validate(&self) -> Result<(), Error> {
+        check_timeout("node_timeout", self.node_timeout)?;
+        if !(0.0..0.5).contains(&self.clock_drift_factor) {
+            return Err(Error::InvalidConfig(format!(
+                "clock_drift_factor must be in [0, 0.5), got {}",
+                self.clock_drift_factor
+            )));
+        }
+        if self.retry_delay.is_zero() || self.retry_delay > MAX_LEASE {
+            return Err(Error::InvalidDuration(format!(
+                "retry_delay must be above zero and at most {MAX_LEASE:?}, got {:?}",
+                self.retry_delay
+            )));
+        }
+        let Some(lock) = &self.lock else { return Ok(()) };
+        lock.validate()?;
+        if self.node_timeout >= lock.watchdog_timeout {
+            return Err(Error::InvalidConfig("node_timeout must be shorter than watchdog_timeout".into()));
+        }
+        Ok(())
+    }
+
+    /// The drift allowed for a lease.
+    pub(crate) fn drift(&self, lease: Duration) -> Duration {
+        lease.mul_f64(self.clock_drift_factor) + Duration::from_millis(2)
+    }
+}
+
+pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), Error> {
+    if lease < MIN_LEASE || lease > MAX_LEASE {
+        return Err(Error::InvalidDuration(format!(
+            "{what} must be between {MIN_LEASE:?} and {MAX_LEASE:?}, got {lease:?}"
+        )));
+    }
+    if lease.subsec_nanos() % 1_000_000 != 0 {
+        return Err(Error::InvalidDuration(format!(
+            "{what} must be a whole number of milliseconds, got {lease:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_timeout(what: &str, timeout: Duration) -> Result<(), Error> {
+    if timeout.is_zero() || timeout > MAX_LEASE {
+        return Err(Error::InvalidDuration(format!(
+            "{what} must be above zero and at most {MAX_LEASE:?}, got {timeout:?}"
+        )));
+    }
+    Ok(())
+}
+
+fn check_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        return Err(Error::InvalidConfig(format!(
+            "key_prefix must have 1 to {MAX_PREFIX_LEN} bytes, got {}",
+            prefix.len()
+        )));
+    }
+    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
+        return Err(Error::InvalidConfig(format!(
+            "key_prefix must not contain braces or control characters: {prefix:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a lock name. Braces would break the hash tag that keeps a lock's keys in one cluster slot.
+pub(crate) fn check_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() {
+        return Err(Error::InvalidName("the name is empty".into()));
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(Error::InvalidName(format!(
+            "the name has {} bytes, at most {MAX_NAME_LEN} are allowed",
+            name.len()
+        )));
+    }
+    if name.contains(['{', '}']) || name.chars().any(char::is_control) {
+        return Err(Error::InvalidName(format!(
+            "the name must not contain braces or control characters: {name:?}"
+        )));
+    }
+    Ok(())
+}

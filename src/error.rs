@@ -1,0 +1,76 @@
+//! The one error type of the crate.
+
+use std::time::Duration;
+
+/// Everything that can go wrong with a lock.
+///
+/// Bad input (`InvalidName`, `InvalidDuration`, `InvalidConfig`) is reported before any I/O, so it
+/// never changes anything in Redis.
+///
+/// ```
+/// use relock::Error;
+///
+/// let err = Error::Quorum { granted: 2, answered: 3, needed: 3, nodes: 5 };
+/// assert!(err.to_string().contains("2 of 5"));
+/// assert!(!err.is_bad_input());
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The owner does not hold the lock (any more): a release by a non-owner, or of a lease that was
+    /// lost. Nothing was changed in Redis.
+    #[error("the lock is not held by this owner")]
+    NotHeld,
+    /// The lease was lost while work ran under it (see [`LockGuard::until_lost`](crate::LockGuard::until_lost)).
+    #[error("the lease of the lock was lost")]
+    LeaseLost,
+    /// A lock name that cannot be used (empty, too long, or containing `{`, `}` or a control character).
+    #[error("invalid lock name: {0}")]
+    InvalidName(String),
+    /// A duration outside the accepted range.
+    #[error("invalid duration: {0}")]
+    InvalidDuration(String),
+    /// A configuration that cannot work.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// Redis did not answer within the configured bound.
+    #[error("redis did not answer within {0:?}")]
+    Timeout(Duration),
+    /// Not enough Redis masters granted or answered (MultiLock).
+    #[error("quorum not reached: {granted} of {nodes} masters granted, {answered} answered, {needed} needed")]
+    Quorum {
+        /// Masters that granted the request.
+        granted: usize,
+        /// Masters that answered at all.
+        answered: usize,
+        /// Masters needed for a majority.
+        needed: usize,
+        /// Masters in the quorum.
+        nodes: usize,
+    },
+    /// The key at the lock's name holds a value of another type, which relock does not touch.
+    #[error("the key {0} holds a value that is not a relock lock (WRONGTYPE)")]
+    WrongType(String),
+    /// The client was shut down.
+    #[error("the lock client was shut down")]
+    Shutdown,
+    /// An error from Redis or from the connection to it.
+    #[error("redis error: {0}")]
+    Redis(#[from] fred::error::Error),
+}
+
+impl Error {
+    /// True for errors caused by the caller's input (name, durations, configuration).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Error::InvalidName(_) | Error::InvalidDuration(_) | Error::InvalidConfig(_))
+    }
+
+    /// Maps a Redis error about `key` to the most telling variant.
+    pub(crate) fn from_redis(err: fred::error::Error, key: &str) -> Error {
+        if err.details().contains("WRONGTYPE") {
+            Error::WrongType(key.to_string())
+        } else {
+            Error::Redis(err)
+        }
+    }
+}

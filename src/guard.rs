@@ -1,0 +1,157 @@
+//! The RAII proof of holding a lock.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::Instant;
+
+use crate::core::{Core, Hold, HoldState, Job};
+use crate::Error;
+
+/// Proof that a lock is held: returned by [`Lock::acquire`](crate::Lock::acquire) and its siblings.
+///
+/// # Dropping
+///
+/// Dropping the guard releases its hold (one level of reentrancy) **in the background**: the drop
+/// never blocks and never panics, even on `?`, a panic or an aborted task. The release runs on the
+/// client's releaser task shortly after; if the tokio runtime is gone, nothing can be sent and the lease
+/// simply expires (a warning is logged). Call [`release`](LockGuard::release) instead to wait for the
+/// release and learn whether the lease was still held.
+///
+/// # Losing the lease
+///
+/// A lease can be lost while the guard is alive: the watchdog could not renew it in time (Redis
+/// unreachable), the key was removed behind its back, or a fixed lease ran out. The guard then
+/// reports [`is_held`](LockGuard::is_held) false and [`lost`](LockGuard::lost) completes, at once;
+/// [`until_lost`](LockGuard::until_lost) stops work the moment that happens. Writes to storage that
+/// must never take a stale write should carry the [`fencing_token`](LockGuard::fencing_token).
+///
+/// ```no_run
+/// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+/// let lock = client.lock("inventory:sku-42");
+/// let guard = lock.acquire().await?;
+/// let token = guard.fencing_token();
+/// let stock = guard.until_lost(async { /* read, compute and write with `token` */ 41 }).await?;
+/// guard.release().await?;
+/// # let _ = (token, stock);
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    core: Arc<Core>,
+    hold: Arc<Hold>,
+    gen: u64,
+    token: u64,
+    hold_count: u32,
+    lost: Arc<watch::Sender<bool>>,
+    done: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(core: Arc<Core>, hold: Arc<Hold>, st: &HoldState) -> LockGuard {
+        LockGuard {
+            core,
+            hold,
+            gen: st.gen,
+            token: st.token,
+            hold_count: st.count,
+            lost: st.lost.clone(),
+            done: false,
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.hold.keys.name
+    }
+
+    /// The fencing token of this hold: strictly larger than the token of every earlier holder of the
+    /// name. A reentrant acquisition returns the token of the hold it joined.
+    pub fn fencing_token(&self) -> u64 {
+        self.token
+    }
+
+    /// The reentrancy depth of this owner right after this acquisition (1 for a first acquisition).
+    pub fn hold_count(&self) -> u32 {
+        self.hold_count
+    }
+
+    /// Whether the lease is still held: false once it is known lost or has no validity left.
+    pub fn is_held(&self) -> bool {
+        !*self.lost.borrow() && !self.validity().is_zero()
+    }
+
+    /// How long the lease is still safe for, on the monotonic clock: the lease left since the last
+    /// successful acquisition or renewal, minus the allowance for clock drift. Zero once lost.
+    pub fn validity(&self) -> Duration {
+        if *self.lost.borrow() {
+            return Duration::ZERO;
+        }
+        let st = self.hold.state.lock();
+        if st.gen != self.gen {
+            return Duration::ZERO;
+        }
+        st.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Completes when the lease is lost (renewal failed or found the lock gone, or the lease ran out),
+    /// at once if it is lost already. Never completes while the lease is held.
+    pub async fn lost(&self) {
+        let mut rx = self.lost.subscribe();
+        // Err only if the sender is gone, which the guard itself prevents.
+        let _ = rx.wait_for(|lost| *lost).await;
+    }
+
+    /// Runs `work` while the lease is held: if the lease is lost first, `work` is dropped (so it does
+    /// not run on past its lock) and `Err(Error::LeaseLost)` is returned.
+    pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        if !self.is_held() {
+            return Err(Error::LeaseLost);
+        }
+        tokio::select! {
+            biased;
+            () = self.lost() => Err(Error::LeaseLost),
+            output = work => Ok(output),
+        }
+    }
+
+    /// Releases this hold (one level of reentrancy) and waits for Redis to confirm.
+    ///
+    /// `Err(Error::NotHeld)` if this owner no longer held the lock (its lease was lost); nothing is
+    /// changed in Redis then. Cancelling this future does not cancel the release.
+    pub async fn release(mut self) -> Result<(), Error> {
+        self.done = true;
+        let (tx, rx) = oneshot::channel();
+        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, reply: Some(tx) };
+        if !self.core.enqueue(job) {
+            return Err(Error::Shutdown);
+        }
+        rx.await.unwrap_or(Err(Error::Shutdown))
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, reply: None };
+        if !self.core.enqueue(job) {
+            tracing::warn!(lock = %self.hold.keys.name, "runtime gone: the lock will be freed when its lease expires");
+        }
+    }
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.name())
+            .field("fencing_token", &self.token)
+            .field("hold_count", &self.hold_count)
+            .field("held", &self.is_held())
+            .finish()
+    }
+}

@@ -1,0 +1,63 @@
+//! # relock
+//!
+//! Distributed locks on Redis in the style of Redisson's `RLock`: reentrant, hash-counted locks
+//! whose leases a watchdog keeps alive, RAII guards that release on drop, fencing tokens, waiting
+//! without polling, and a [`MultiLock`] that applies the Redlock algorithm across several independent
+//! masters with the very same [`Lock`] and [`LockGuard`] types.
+//!
+//! ```no_run
+//! use relock::LockClient;
+//!
+//! # async fn demo() -> Result<(), relock::Error> {
+//! let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+//! let lock = client.lock("inventory:sku-42");
+//! {
+//!     let guard = lock.acquire().await?;     // waits until held
+//!     // ... deduct stock; write with guard.fencing_token() where storage checks it ...
+//! }                                           // released here, also on `?`, panic or abort
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! ## Guarantees and their limits
+//!
+//! - **Mutual exclusion** holds while the lease is valid: [`LockGuard::validity`] tells how long, on
+//!   the monotonic clock. A holder that is paused (GC-like stall, swapping) or cut off longer than its
+//!   lease can lose the lock without running any code; its guard then reports
+//!   [`is_held`](LockGuard::is_held) false, [`lost`](LockGuard::lost) completes, and
+//!   [`until_lost`](LockGuard::until_lost) stops the work. Work already sent on its way cannot be
+//!   recalled, which is why storage that must never take a stale write checks the
+//!   [`fencing_token`](LockGuard::fencing_token) (Kleppmann's argument; antirez's answer is that the
+//!   same check can use any unique, comparable value, and that Redlock's safety rests on bounded
+//!   clock drift, not on synchronised clocks).
+//! - **Fencing tokens** strictly increase across successive holders of a name. The counter is never
+//!   reset; if it is lost (a Redis without persistence restarted), it starts again from the server's
+//!   clock in microseconds, which stays above the old values as long as the server's clock did not step
+//!   back by more than the time since the last token.
+//! - **One Redis** is a single point of failure, and a replica promoted after an asynchronous failover
+//!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
+
+#![warn(missing_docs)]
+
+mod client;
+mod config;
+mod core;
+mod error;
+mod guard;
+mod keys;
+mod lock;
+mod multi;
+mod node;
+mod owner;
+mod quorum;
+mod scripts;
+mod waiters;
+mod watchdog;
+
+pub use client::LockClient;
+pub use config::{LockConfig, QuorumConfig, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE};
+pub use error::Error;
+pub use guard::LockGuard;
+pub use lock::Lock;
+pub use multi::MultiLock;
+pub use owner::Owner;

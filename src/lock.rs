@@ -1,0 +1,232 @@
+//! `Lock`: the user's handle on one named lock, and the waiting loop.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::config::{check_lease, check_name};
+use crate::core::{Attempt, Core, LeaseMode};
+use crate::guard::LockGuard;
+use crate::keys::LockKeys;
+use crate::owner::Owner;
+use crate::quorum::jitter;
+use crate::waiters::{Armed, Subscription};
+use crate::Error;
+
+/// A named lock: cheap to create and to clone, no I/O until it is used.
+///
+/// Made by [`LockClient::lock`](crate::LockClient::lock) (one Redis) or
+/// [`MultiLock::lock`](crate::MultiLock::lock) (a quorum of masters); both behave the same.
+///
+/// By default an acquisition is in *watchdog mode*: the lease is `watchdog_timeout` and the client
+/// renews it every `renew_interval` for as long as the guard lives. [`lease`](Lock::lease) asks for a
+/// fixed lease instead, which is never renewed.
+///
+/// Acquisitions are reentrant per [`Owner`]: by default the current tokio task. **Futures joined or
+/// selected inside one task share its identity and re-enter each other's hold**; see [`Owner::scope`].
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # async fn demo() -> Result<(), relock::Error> {
+/// let client = relock::LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let lock = client.lock("inventory:sku-42");
+///
+/// let guard = lock.acquire().await?;              // waits; the watchdog keeps the lease
+/// let again = lock.acquire().await?;              // same task: re-entered, no deadlock
+/// assert_eq!(again.hold_count(), 2);
+/// drop(again);
+/// drop(guard);                                    // released in the background
+///
+/// if let Some(guard) = lock.try_acquire_for(Duration::from_millis(500)).await? {
+///     // held; released when `guard` goes out of scope
+/// #   drop(guard);
+/// }
+/// let short = lock.clone().lease(Duration::from_secs(5)).acquire().await?; // fixed lease
+/// # drop(short);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    core: Arc<Core>,
+    name: Arc<str>,
+    keys: Arc<LockKeys>,
+    lease: Option<Duration>,
+    owner: Option<Owner>,
+}
+
+enum Wait {
+    Once,
+    Until(Instant),
+    Forever,
+}
+
+impl Lock {
+    pub(crate) fn new(core: Arc<Core>, name: &str) -> Lock {
+        let keys = Arc::new(LockKeys::new(core.config.get_key_prefix(), name));
+        Lock { core, name: name.into(), keys, lease: None, owner: None }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Acquires with a fixed lease that the watchdog does not renew: the lock is freed after `lease`
+    /// even if the guard still lives (its [`lost`](LockGuard::lost) then completes). Checked when
+    /// acquiring: 1 ms to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds.
+    pub fn lease(mut self, lease: Duration) -> Lock {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// Acquires on behalf of `owner` instead of the current task: every acquisition with the same owner
+    /// (through this client) joins one reentrant hold, whichever task makes it.
+    pub fn owner(mut self, owner: Owner) -> Lock {
+        self.owner = Some(owner);
+        self
+    }
+
+    /// Waits until the lock is held. Waiting costs no polling: the waiter is woken by the release
+    /// message of the holder, or when the holder's lease would have run out, whichever comes first.
+    ///
+    /// Cancel-safe: dropping the future at any point leaves no lock held and no subscription behind.
+    pub async fn acquire(&self) -> Result<LockGuard, Error> {
+        match self.acquire_with(Wait::Forever).await? {
+            Some(guard) => Ok(guard),
+            None => unreachable!("an unbounded wait only ends with a guard or an error"),
+        }
+    }
+
+    /// One attempt, no waiting: `None` if another owner holds the lock.
+    pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+        self.acquire_with(Wait::Once).await
+    }
+
+    /// Waits at most `wait` for the lock: `None` if it is still held by another owner then.
+    pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
+        let until = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
+        self.acquire_with(Wait::Until(until)).await
+    }
+
+    /// Whether anyone holds the lock (on a majority of the masters).
+    pub async fn is_locked(&self) -> Result<bool, Error> {
+        check_name(&self.name)?;
+        let checks = self.core.nodes.iter().map(|node| {
+            let timeout = self.core.quorum.node_timeout;
+            async move {
+                tokio::time::timeout(timeout, node.is_locked(&self.keys)).await.unwrap_or(Err(Error::Timeout(timeout)))
+            }
+        });
+        let mut locked = 0;
+        let mut answered = 0;
+        let mut error = None;
+        for result in futures::future::join_all(checks).await {
+            match result {
+                Ok(found) => {
+                    answered += 1;
+                    locked += usize::from(found);
+                }
+                Err(err) => error = Some(err),
+            }
+        }
+        match error {
+            Some(err) if answered < self.core.needed() => Err(err),
+            _ => Ok(locked >= self.core.needed()),
+        }
+    }
+
+    /// Removes the lock whoever holds it (an administrative override; the holder's guard becomes lost
+    /// at its next renewal). The fencing counter is kept. `true` if a lock was removed.
+    pub async fn force_unlock(&self) -> Result<bool, Error> {
+        check_name(&self.name)?;
+        let timeout = self.core.quorum.node_timeout;
+        let removals = self.core.nodes.iter().map(|node| async move {
+            tokio::time::timeout(timeout, node.force_unlock(&self.keys)).await.unwrap_or(Err(Error::Timeout(timeout)))
+        });
+        let mut removed = false;
+        let mut error = None;
+        for result in futures::future::join_all(removals).await {
+            match result {
+                Ok(r) => removed |= r,
+                Err(err @ Error::WrongType(_)) => return Err(err),
+                Err(err) => error = Some(err),
+            }
+        }
+        match error {
+            Some(err) if !removed => Err(err),
+            _ => {
+                tracing::info!(lock = %self.name, removed, "lock force-unlocked");
+                Ok(removed)
+            }
+        }
+    }
+
+    async fn acquire_with(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
+        check_name(&self.name)?;
+        let mode = match self.lease {
+            Some(lease) => {
+                check_lease("lease", lease)?;
+                LeaseMode::Fixed(lease)
+            }
+            None => LeaseMode::Watchdog,
+        };
+        let owner = self.owner.clone().unwrap_or_else(Owner::current).id_for(&self.core.id);
+        // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
+        let mut subscriptions: Vec<Subscription> = Vec::new();
+        let mut armed: Vec<Armed> = Vec::new();
+        loop {
+            if !subscriptions.is_empty() {
+                armed = subscriptions.iter().map(Subscription::armed).collect();
+            }
+            let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode).await? {
+                Attempt::Granted(guard) => return Ok(Some(guard)),
+                Attempt::Refused { ttl, split } => (ttl, split),
+            };
+            let until = match wait {
+                Wait::Once => return Ok(None),
+                Wait::Until(until) if Instant::now() >= until => return Ok(None),
+                Wait::Until(until) => Some(until),
+                Wait::Forever => None,
+            };
+            if subscriptions.is_empty() {
+                let mut confirmed = true;
+                for node in &self.core.nodes {
+                    let (subscription, wake, ok) = node.waiters.subscribe(&self.keys.channel);
+                    subscriptions.push(subscription);
+                    armed.push(wake);
+                    confirmed &= ok;
+                }
+                if confirmed {
+                    // A release may have come between the attempt and the subscription.
+                    continue;
+                }
+            }
+            // Woken by a release, or when the holder's lease would have run out, or (split vote)
+            // after a random delay; never later than the caller's bound.
+            let mut delay = ttl.unwrap_or(self.core.quorum.retry_delay);
+            if split {
+                delay = delay.min(jitter(self.core.quorum.retry_delay));
+            }
+            let mut wake_at = Instant::now() + delay;
+            if let Some(until) = until {
+                wake_at = wake_at.min(until);
+            }
+            tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
+            let released = futures::future::select_all(armed.drain(..));
+            tokio::select! {
+                _ = released => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lock").field("name", &self.name).field("lease", &self.lease).finish()
+    }
+}

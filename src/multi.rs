@@ -1,0 +1,133 @@
+//! `MultiLock`: the same locks over a quorum of independent Redis masters (Redlock).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use crate::client::LockClient;
+use crate::config::{LockConfig, QuorumConfig};
+use crate::core::Core;
+use crate::lock::Lock;
+use crate::node::Node;
+use crate::Error;
+
+/// Locks held on a majority of N independent Redis masters, with the Redlock algorithm.
+///
+/// It hands out the same [`Lock`] and [`LockGuard`](crate::LockGuard) types as a [`LockClient`], so
+/// code written against one Redis moves to N by changing one line. A lock is granted when
+/// `N / 2 + 1` masters granted it within the lease's validity, renewed while a majority renews it,
+/// and released on every master. Fencing tokens stay strictly increasing across holders. Cheap to
+/// clone; `Send + Sync`.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), relock::Error> {
+/// use relock::{LockConfig, MultiLock};
+///
+/// let urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+/// let multi = MultiLock::connect(&urls, LockConfig::default()).await?;
+/// let guard = multi.lock("orders:42").acquire().await?;
+/// println!("token {} valid for {:?}", guard.fencing_token(), guard.validity());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    core: Arc<Core>,
+}
+
+impl MultiLock {
+    /// A quorum over the masters of `clients`, with the default [`QuorumConfig`] and the lock
+    /// settings of the first client. [`Error::InvalidConfig`] for an empty list, a repeated server, or
+    /// a call outside a tokio runtime.
+    pub fn new(clients: Vec<LockClient>) -> Result<MultiLock, Error> {
+        MultiLock::with_config(clients, QuorumConfig::default())
+    }
+
+    /// A quorum over the masters of `clients` with `config`.
+    pub fn with_config(clients: Vec<LockClient>, config: QuorumConfig) -> Result<MultiLock, Error> {
+        let Some(first) = clients.first() else {
+            return Err(Error::InvalidConfig("a MultiLock needs at least one master".into()));
+        };
+        let lock_config = config.lock.clone().unwrap_or_else(|| first.core.config.clone());
+        let nodes: Vec<Arc<Node>> = clients.iter().map(|client| client.core.nodes[0].clone()).collect();
+        MultiLock::start(nodes, lock_config, config, false)
+    }
+
+    /// Connects to every master at once. Works while a minority is unreachable (those keep being
+    /// retried in the background and join when they answer); fails with [`Error::Quorum`] when a
+    /// majority cannot be reached within `node_timeout`... of the default [`QuorumConfig`] multiplied
+    /// to leave room for the connection handshake (the lock config's `command_timeout`).
+    pub async fn connect(urls: &[&str], config: LockConfig) -> Result<MultiLock, Error> {
+        MultiLock::connect_with(urls, QuorumConfig::default().lock_config(config)).await
+    }
+
+    /// [`connect`](MultiLock::connect) with a full [`QuorumConfig`].
+    pub async fn connect_with(urls: &[&str], config: QuorumConfig) -> Result<MultiLock, Error> {
+        config.validate()?;
+        let lock_config = config.lock.clone().unwrap_or_default();
+        let timeout = lock_config.get_command_timeout();
+        let nodes = urls.iter().map(|url| Node::build(url, timeout)).collect::<Result<Vec<_>, _>>()?;
+        check_distinct(&nodes)?;
+        let inits = nodes.iter().map(|node| node.init(timeout));
+        let results = futures::future::join_all(inits).await;
+        let answered = results.iter().filter(|r| r.is_ok()).count();
+        let needed = nodes.len() / 2 + 1;
+        if answered < needed {
+            return Err(Error::Quorum { granted: 0, answered, needed, nodes: nodes.len() });
+        }
+        for (node, result) in nodes.iter().zip(&results) {
+            if let Err(err) = result {
+                tracing::warn!(node = %node.server, %err, "master unreachable; retrying in the background");
+            }
+        }
+        MultiLock::start(nodes.into_iter().map(Arc::new).collect(), lock_config, config, true)
+    }
+
+    fn start(
+        nodes: Vec<Arc<Node>>,
+        lock_config: LockConfig,
+        config: QuorumConfig,
+        owns_clients: bool,
+    ) -> Result<MultiLock, Error> {
+        let config = QuorumConfig { lock: Some(lock_config.clone()), ..config };
+        config.validate()?;
+        check_distinct(&nodes)?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::InvalidConfig("a MultiLock must be created inside a tokio runtime".into()));
+        }
+        Ok(MultiLock { core: Core::start(nodes, lock_config, config, owns_clients) })
+    }
+
+    /// The lock called `name` over every master. No I/O.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock::new(self.core.clone(), name)
+    }
+
+    /// The number of masters.
+    pub fn masters(&self) -> usize {
+        self.core.nodes.len()
+    }
+
+    /// Releases every lock this MultiLock holds and stops its background tasks (the connections of
+    /// clients given to [`new`](MultiLock::new) stay open; those it opened itself are closed).
+    pub async fn shutdown(&self) {
+        self.core.shutdown().await;
+    }
+}
+
+fn check_distinct<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Result<(), Error> {
+    let mut seen = HashSet::new();
+    for node in nodes {
+        let server = &node.borrow().server;
+        if !seen.insert(server.clone()) {
+            return Err(Error::InvalidConfig(format!("the master {server} is given twice")));
+        }
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let servers: Vec<&str> = self.core.nodes.iter().map(|n| n.server.as_str()).collect();
+        f.debug_struct("MultiLock").field("masters", &servers).finish()
+    }
+}

@@ -1,0 +1,185 @@
+//! One Redis master: a command connection, a subscriber connection and the scripts run on it.
+
+use std::time::Duration;
+
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, KeysInterface};
+use fred::prelude::{Builder, Config, ReconnectPolicy, ServerConfig};
+use fred::types::{Key, Value};
+
+use crate::keys::LockKeys;
+use crate::scripts::scripts;
+use crate::waiters::Waiters;
+use crate::Error;
+
+/// The most locks renewed by one script call: bounds the time one call blocks the server.
+pub(crate) const RENEW_BATCH: usize = 512;
+
+/// What one node said to an acquisition.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Vote {
+    /// Granted; the owner's count before it and the node's fencing token.
+    Granted { prev: u64, token: u64 },
+    /// Held by another owner for this long still (`None`: no expiry known).
+    Busy { ttl: Option<Duration> },
+}
+
+/// What one node said to a release.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    NotHeld,
+    StillHeld,
+    Freed,
+}
+
+/// A Redis master as relock uses it.
+pub(crate) struct Node {
+    pub(crate) client: Client,
+    pub(crate) waiters: Waiters,
+    /// `host:port`, to tell masters apart.
+    pub(crate) server: String,
+}
+
+impl Node {
+    /// Builds the clients of a node from a URL and starts connecting; `Err` only for a bad URL.
+    pub(crate) fn build(url: &str, timeout: Duration) -> Result<Node, Error> {
+        let config =
+            Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
+        if !matches!(config.server, ServerConfig::Centralized { .. }) {
+            return Err(Error::InvalidConfig(format!(
+                "redis url {url:?}: only a single server (centralized) URL is supported"
+            )));
+        }
+        let client = Builder::from_config(config)
+            .with_connection_config(|conn| {
+                // Never resend a script whose reply was lost: every caller decides itself, and the
+                // scripts are idempotent anyway.
+                conn.max_command_attempts = 1;
+                conn.connection_timeout = timeout;
+                conn.internal_command_timeout = timeout;
+            })
+            .with_performance_config(|perf| perf.broadcast_channel_capacity = 4096)
+            // Unlimited attempts, 50 ms growing to 2 s apart.
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+            .build()
+            .map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
+        Ok(Node::from_client(client))
+    }
+
+    /// A node on an existing command client; the subscriber connection is a new client of the same
+    /// configuration.
+    pub(crate) fn from_client(client: Client) -> Node {
+        let subscriber = client.clone_new();
+        subscriber.connect();
+        let server = match &client.client_config().server {
+            ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
+            other => format!("{other:?}"),
+        };
+        Node { client, waiters: Waiters::start(subscriber), server }
+    }
+
+    /// Connects the command client (if not connected yet) and loads the scripts, within `timeout`.
+    pub(crate) async fn init(&self, timeout: Duration) -> Result<(), Error> {
+        let work = async {
+            if !self.client.is_connected() {
+                // A handle of a client that is already connecting is harmless to drop.
+                if self.client.state() == fred::types::ClientState::Disconnected {
+                    self.client.connect();
+                }
+                self.client.wait_for_connect().await?;
+            }
+            scripts().load_all(&self.client).await?;
+            Ok::<_, Error>(())
+        };
+        tokio::time::timeout(timeout, work).await.map_err(|_| Error::Timeout(timeout))?
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        owner: &str,
+        lease: Duration,
+        target: u32,
+    ) -> Result<Vote, Error> {
+        let reply: Vec<i64> = scripts()
+            .acquire
+            .run(
+                &self.client,
+                vec![Key::from(&*keys.lock), Key::from(&*keys.fence)],
+                vec![Value::from(owner), millis(lease), Value::from(target as i64)],
+            )
+            .await
+            .map_err(|err| Error::from_redis(err, &keys.lock))?;
+        match reply.as_slice() {
+            [1, prev, token] => Ok(Vote::Granted { prev: *prev.max(&0) as u64, token: *token.max(&0) as u64 }),
+            [0, ttl] => Ok(Vote::Busy { ttl: (*ttl > 0).then(|| Duration::from_millis(*ttl as u64)) }),
+            other => Err(unexpected("acquire", other)),
+        }
+    }
+
+    pub(crate) async fn release(&self, keys: &LockKeys, owner: &str, target: u32) -> Result<Released, Error> {
+        let reply: i64 = scripts()
+            .release
+            .run(
+                &self.client,
+                vec![Key::from(&*keys.lock)],
+                vec![Value::from(owner), Value::from(target as i64), Value::from(&*keys.channel)],
+            )
+            .await
+            .map_err(|err| Error::from_redis(err, &keys.lock))?;
+        match reply {
+            0 => Ok(Released::NotHeld),
+            1 => Ok(Released::StillHeld),
+            2 => Ok(Released::Freed),
+            other => Err(unexpected("release", &[other])),
+        }
+    }
+
+    /// Renews a batch of at most [`RENEW_BATCH`] locks; one flag per lock, true if renewed.
+    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str)], lease: Duration) -> Result<Vec<bool>, Error> {
+        let keys: Vec<Key> = locks.iter().map(|(keys, _)| Key::from(&*keys.lock)).collect();
+        let mut args = Vec::with_capacity(locks.len() + 1);
+        args.push(millis(lease));
+        args.extend(locks.iter().map(|(_, owner)| Value::from(*owner)));
+        let reply: Vec<i64> =
+            scripts().renew.run(&self.client, keys, args).await.map_err(Error::Redis)?;
+        if reply.len() != locks.len() {
+            return Err(unexpected("renew", &reply));
+        }
+        Ok(reply.into_iter().map(|flag| flag == 1).collect())
+    }
+
+    pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), Error> {
+        let _: i64 = scripts()
+            .raise_fence
+            .run(&self.client, vec![Key::from(&*keys.fence)], vec![Value::from(token.to_string())])
+            .await
+            .map_err(|err| Error::from_redis(err, &keys.fence))?;
+        Ok(())
+    }
+
+    pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
+        let removed: i64 = scripts()
+            .force_unlock
+            .run(&self.client, vec![Key::from(&*keys.lock)], vec![Value::from(&*keys.channel)])
+            .await
+            .map_err(|err| Error::from_redis(err, &keys.lock))?;
+        Ok(removed == 1)
+    }
+
+    pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
+        let found: i64 = self.client.exists(&*keys.lock).await.map_err(Error::Redis)?;
+        Ok(found == 1)
+    }
+}
+
+fn millis(duration: Duration) -> Value {
+    Value::from(duration.as_millis().min(i64::MAX as u128) as i64)
+}
+
+fn unexpected(script: &str, reply: &[i64]) -> Error {
+    Error::Redis(fred::error::Error::new(
+        fred::error::ErrorKind::Parse,
+        format!("unexpected reply of the {script} script: {reply:?}"),
+    ))
+}

@@ -1,0 +1,87 @@
+//! Who holds a lock: the unit of reentrancy.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+tokio::task_local! {
+    static SCOPED: Owner;
+}
+
+/// The owner of an acquisition: acquisitions by the same owner re-enter each other's hold, those of
+/// different owners exclude each other.
+///
+/// By default the owner is the current tokio task (or, outside a task, the current thread), combined
+/// with the client's random id: Redisson's "client id : thread id", with the task as the unit of
+/// execution. An explicit `Owner` overrides that:
+///
+/// - [`Lock::owner`](crate::Lock::owner) acquires on behalf of an owner, so several tasks can share
+///   one hold (the guard remembers its owner, so any task can release it);
+/// - [`Owner::scope`] runs a future as that owner, so every acquisition inside it uses it.
+///
+/// **Futures composed inside one task** (`join!`, `select!`, `join_all`) share that task's identity,
+/// so by default they would re-enter each other's hold instead of excluding each other. Give each its
+/// own owner with `scope`:
+///
+/// ```no_run
+/// # async fn demo(lock: relock::Lock) -> Result<(), relock::Error> {
+/// use relock::Owner;
+///
+/// let a = Owner::new().scope(async {
+///     let _guard = lock.acquire().await?;
+///     // critical section of `a`
+///     Ok::<_, relock::Error>(())
+/// });
+/// let b = Owner::new().scope(async {
+///     let _guard = lock.acquire().await?;
+///     // critical section of `b`, never at the same time as `a`'s
+///     Ok::<_, relock::Error>(())
+/// });
+/// let (ra, rb) = tokio::join!(a, b);
+/// ra?;
+/// rb?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Owner(Arc<str>);
+
+impl Owner {
+    /// A fresh owner, distinct from every task, thread and other owner.
+    ///
+    /// ```
+    /// use relock::Owner;
+    /// assert_ne!(Owner::new(), Owner::new());
+    /// ```
+    #[allow(clippy::new_without_default)]
+    pub fn new() -> Owner {
+        Owner(format!("o{}", Uuid::new_v4().simple()).into())
+    }
+
+    /// Runs `future` with this owner as the default owner of every acquisition inside it.
+    pub fn scope<F: Future>(self, future: F) -> impl Future<Output = F::Output> {
+        SCOPED.scope(self, future)
+    }
+
+    /// The owner in force here: the scoped one, else the current task, else the current thread.
+    pub(crate) fn current() -> Owner {
+        if let Ok(owner) = SCOPED.try_with(Owner::clone) {
+            return owner;
+        }
+        match tokio::task::try_id() {
+            Some(id) => Owner(format!("t{id}").into()),
+            None => {
+                let thread = format!("{:?}", std::thread::current().id());
+                let digits: String = thread.chars().filter(char::is_ascii_digit).collect();
+                Owner(format!("th{digits}").into())
+            }
+        }
+    }
+
+    /// The id stored in Redis: unique to the client, so the same `Owner` used through two clients
+    /// gives two distinct holders.
+    pub(crate) fn id_for(&self, client: &Uuid) -> Arc<str> {
+        format!("{}:{}", client.simple(), self.0).into()
+    }
+}
