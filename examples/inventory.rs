@@ -22,7 +22,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let admin = fred::clients::Client::new(fred::prelude::Config::from_url(&url)?, None, None, None);
     fred::interfaces::ClientLike::init(&admin).await?;
     let _: () = admin.set(&stock_key, STOCK, None, None, false).await?;
-    println!("{STOCK} units of {sku} in stock; {} buyers want one each", CLIENTS * BUYERS_PER_CLIENT);
+    println!(
+        "{STOCK} units of {sku} in stock; {} buyers want one each",
+        CLIENTS * BUYERS_PER_CLIENT
+    );
 
     // Several clients, as several service instances would have.
     let mut buyers = Vec::new();
@@ -60,7 +63,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let left: i64 = admin.get(&stock_key).await?;
     tokens.sort_unstable();
     tokens.dedup();
-    println!("sold {sold}, {left} left in stock, {} distinct fencing tokens", tokens.len());
+    println!(
+        "sold {sold}, {left} left in stock, {} distinct fencing tokens",
+        tokens.len()
+    );
     for client in &clients {
         client.shutdown().await;
     }

@@ -57,8 +57,13 @@ impl LockClient {
     pub async fn from_fred(client: fred::clients::Client, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
         use fred::interfaces::ClientLike;
-        if !matches!(client.client_config().server, fred::types::config::ServerConfig::Centralized { .. }) {
-            return Err(Error::InvalidConfig("only a client of a single (centralized) server is supported".into()));
+        if !matches!(
+            client.client_config().server,
+            fred::types::config::ServerConfig::Centralized { .. }
+        ) {
+            return Err(Error::InvalidConfig(
+                "only a client of a single (centralized) server is supported".into(),
+            ));
         }
         LockClient::start(Node::from_client(client), config, false).await
     }
@@ -95,6 +100,9 @@ impl LockClient {
 
 impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LockClient").field("server", &self.server()).field("id", &self.core.id).finish()
+        f.debug_struct("LockClient")
+            .field("server", &self.server())
+            .field("id", &self.core.id)
+            .finish()
     }
 }

@@ -204,7 +204,9 @@ impl QuorumConfig {
         let Some(lock) = &self.lock else { return Ok(()) };
         lock.validate()?;
         if self.node_timeout >= lock.watchdog_timeout {
-            return Err(Error::InvalidConfig("node_timeout must be shorter than watchdog_timeout".into()));
+            return Err(Error::InvalidConfig(
+                "node_timeout must be shorter than watchdog_timeout".into(),
+            ));
         }
         Ok(())
     }

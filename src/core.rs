@@ -75,7 +75,11 @@ impl Hold {
 /// Work for the background releaser.
 pub(crate) enum Job {
     /// Release one guard of generation `gen`; the result goes to `reply` if anyone waits for it.
-    Release { hold: Arc<Hold>, gen: u64, reply: Option<oneshot::Sender<Result<(), Error>>> },
+    Release {
+        hold: Arc<Hold>,
+        gen: u64,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
+    },
     /// Bring Redis back in line with the local count of a hold after an acquisition whose outcome is
     /// unknown (cancelled, timed out).
     Resync { keys: Arc<LockKeys>, owner: Arc<str> },
@@ -227,7 +231,12 @@ impl Core {
             };
             // If this future is dropped mid-round, a grant may still land: the undo runs in the
             // background, after this round's commands on every connection.
-            let mut undo = UndoOnDrop { core: self, keys, owner, armed: true };
+            let mut undo = UndoOnDrop {
+                core: self,
+                keys,
+                owner,
+                armed: true,
+            };
             let round = quorum::acquire(self, keys, owner, lease, target).await;
             undo.armed = round.is_err();
             drop(undo);
@@ -240,7 +249,11 @@ impl Core {
                     }
                     return Ok(Attempt::Refused { ttl, split });
                 }
-                Round::Granted { token, continuing, deadline } => (token, continuing, deadline),
+                Round::Granted {
+                    token,
+                    continuing,
+                    deadline,
+                } => (token, continuing, deadline),
             };
             let stale = {
                 let mut st = hold.state.lock();
@@ -291,17 +304,20 @@ impl Core {
             let lost = *st.lost.borrow();
             (st.count, lost)
         };
+        let outcome = if was_lost && target > 0 {
+            Ok(false)
+        } else {
+            // At zero after a loss, this is best effort: whatever is left of it in Redis is ours.
+            quorum::release(self, &hold.keys, &hold.owner, target).await
+        };
         if target == 0 {
+            // Only now: until the release is sent, the same owner's next acquisition must queue
+            // behind it on this hold rather than race it from a new one.
             self.retire_if_idle(hold);
         }
         if was_lost {
-            if target == 0 {
-                // Best effort: whatever is left of it in Redis is ours to remove.
-                let _ = quorum::release(self, &hold.keys, &hold.owner, 0).await;
-            }
             return Err(Error::NotHeld);
         }
-        let outcome = quorum::release(self, &hold.keys, &hold.owner, target).await;
         match outcome {
             Ok(true) => {
                 tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
@@ -382,7 +398,10 @@ struct UndoOnDrop<'a> {
 impl Drop for UndoOnDrop<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let job = Job::Resync { keys: self.keys.clone(), owner: self.owner.clone() };
+            let job = Job::Resync {
+                keys: self.keys.clone(),
+                owner: self.owner.clone(),
+            };
             if !self.core.enqueue(job) {
                 tracing::warn!(lock = %self.keys.name, "runtime gone: an interrupted grant will expire with its lease");
             }

@@ -37,7 +37,9 @@ pub enum Error {
     #[error("redis did not answer within {0:?}")]
     Timeout(Duration),
     /// Not enough Redis masters granted or answered (MultiLock).
-    #[error("quorum not reached: {granted} of {nodes} masters granted, {answered} answered, {needed} needed")]
+    #[error(
+        "quorum not reached: {granted} of {nodes} masters granted, {answered} answered, {needed} needed"
+    )]
     Quorum {
         /// Masters that granted the request.
         granted: usize,
@@ -62,7 +64,10 @@ pub enum Error {
 impl Error {
     /// True for errors caused by the caller's input (name, durations, configuration).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Error::InvalidName(_) | Error::InvalidDuration(_) | Error::InvalidConfig(_))
+        matches!(
+            self,
+            Error::InvalidName(_) | Error::InvalidDuration(_) | Error::InvalidConfig(_)
+        )
     }
 
     /// Maps a Redis error about `key` to the most telling variant.

@@ -125,7 +125,11 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         self.done = true;
         let (tx, rx) = oneshot::channel();
-        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, reply: Some(tx) };
+        let job = Job::Release {
+            hold: self.hold.clone(),
+            gen: self.gen,
+            reply: Some(tx),
+        };
         if !self.core.enqueue(job) {
             return Err(Error::Shutdown);
         }
@@ -138,7 +142,11 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, reply: None };
+        let job = Job::Release {
+            hold: self.hold.clone(),
+            gen: self.gen,
+            reply: None,
+        };
         if !self.core.enqueue(job) {
             tracing::warn!(lock = %self.hold.keys.name, "runtime gone: the lock will be freed when its lease expires");
         }

@@ -65,7 +65,13 @@ enum Wait {
 impl Lock {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Lock {
         let keys = Arc::new(LockKeys::new(core.config.get_key_prefix(), name));
-        Lock { core, name: name.into(), keys, lease: None, owner: None }
+        Lock {
+            core,
+            name: name.into(),
+            keys,
+            lease: None,
+            owner: None,
+        }
     }
 
     /// The lock's name.
@@ -118,7 +124,9 @@ impl Lock {
         let checks = self.core.nodes.iter().map(|node| {
             let timeout = self.core.quorum.node_timeout;
             async move {
-                tokio::time::timeout(timeout, node.is_locked(&self.keys)).await.unwrap_or(Err(Error::Timeout(timeout)))
+                tokio::time::timeout(timeout, node.is_locked(&self.keys))
+                    .await
+                    .unwrap_or(Err(Error::Timeout(timeout)))
             }
         });
         let mut locked = 0;
@@ -145,7 +153,9 @@ impl Lock {
         check_name(&self.name)?;
         let timeout = self.core.quorum.node_timeout;
         let removals = self.core.nodes.iter().map(|node| async move {
-            tokio::time::timeout(timeout, node.force_unlock(&self.keys)).await.unwrap_or(Err(Error::Timeout(timeout)))
+            tokio::time::timeout(timeout, node.force_unlock(&self.keys))
+                .await
+                .unwrap_or(Err(Error::Timeout(timeout)))
         });
         let mut removed = false;
         let mut error = None;
@@ -174,7 +184,11 @@ impl Lock {
             }
             None => LeaseMode::Watchdog,
         };
-        let owner = self.owner.clone().unwrap_or_else(Owner::current).id_for(&self.core.id);
+        let owner = self
+            .owner
+            .clone()
+            .unwrap_or_else(Owner::current)
+            .id_for(&self.core.id);
         // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
         let mut subscriptions: Vec<Subscription> = Vec::new();
         let mut armed: Vec<Armed> = Vec::new();
@@ -227,6 +241,9 @@ impl Lock {
 
 impl std::fmt::Debug for Lock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Lock").field("name", &self.name).field("lease", &self.lease).finish()
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("lease", &self.lease)
+            .finish()
     }
 }

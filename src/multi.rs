@@ -45,10 +45,15 @@ impl MultiLock {
     /// A quorum over the masters of `clients` with `config`.
     pub fn with_config(clients: Vec<LockClient>, config: QuorumConfig) -> Result<MultiLock, Error> {
         let Some(first) = clients.first() else {
-            return Err(Error::InvalidConfig("a MultiLock needs at least one master".into()));
+            return Err(Error::InvalidConfig(
+                "a MultiLock needs at least one master".into(),
+            ));
         };
         let lock_config = config.lock.clone().unwrap_or_else(|| first.core.config.clone());
-        let nodes: Vec<Arc<Node>> = clients.iter().map(|client| client.core.nodes[0].clone()).collect();
+        let nodes: Vec<Arc<Node>> = clients
+            .iter()
+            .map(|client| client.core.nodes[0].clone())
+            .collect();
         MultiLock::start(nodes, lock_config, config, false)
     }
 
@@ -65,21 +70,34 @@ impl MultiLock {
         config.validate()?;
         let lock_config = config.lock.clone().unwrap_or_default();
         let timeout = lock_config.get_command_timeout();
-        let nodes = urls.iter().map(|url| Node::build(url, timeout)).collect::<Result<Vec<_>, _>>()?;
+        let nodes = urls
+            .iter()
+            .map(|url| Node::build(url, timeout))
+            .collect::<Result<Vec<_>, _>>()?;
         check_distinct(&nodes)?;
         let inits = nodes.iter().map(|node| node.init(timeout));
         let results = futures::future::join_all(inits).await;
         let answered = results.iter().filter(|r| r.is_ok()).count();
         let needed = nodes.len() / 2 + 1;
         if answered < needed {
-            return Err(Error::Quorum { granted: 0, answered, needed, nodes: nodes.len() });
+            return Err(Error::Quorum {
+                granted: 0,
+                answered,
+                needed,
+                nodes: nodes.len(),
+            });
         }
         for (node, result) in nodes.iter().zip(&results) {
             if let Err(err) = result {
                 tracing::warn!(node = %node.server, %err, "master unreachable; retrying in the background");
             }
         }
-        MultiLock::start(nodes.into_iter().map(Arc::new).collect(), lock_config, config, true)
+        MultiLock::start(
+            nodes.into_iter().map(Arc::new).collect(),
+            lock_config,
+            config,
+            true,
+        )
     }
 
     fn start(
@@ -88,13 +106,20 @@ impl MultiLock {
         config: QuorumConfig,
         owns_clients: bool,
     ) -> Result<MultiLock, Error> {
-        let config = QuorumConfig { lock: Some(lock_config.clone()), ..config };
+        let config = QuorumConfig {
+            lock: Some(lock_config.clone()),
+            ..config
+        };
         config.validate()?;
         check_distinct(&nodes)?;
         if tokio::runtime::Handle::try_current().is_err() {
-            return Err(Error::InvalidConfig("a MultiLock must be created inside a tokio runtime".into()));
+            return Err(Error::InvalidConfig(
+                "a MultiLock must be created inside a tokio runtime".into(),
+            ));
         }
-        Ok(MultiLock { core: Core::start(nodes, lock_config, config, owns_clients) })
+        Ok(MultiLock {
+            core: Core::start(nodes, lock_config, config, owns_clients),
+        })
     }
 
     /// The lock called `name` over every master. No I/O.
@@ -119,7 +144,9 @@ fn check_distinct<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Result<(), Error
     for node in nodes {
         let server = &node.borrow().server;
         if !seen.insert(server.clone()) {
-            return Err(Error::InvalidConfig(format!("the master {server} is given twice")));
+            return Err(Error::InvalidConfig(format!(
+                "the master {server} is given twice"
+            )));
         }
     }
     Ok(())

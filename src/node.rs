@@ -75,7 +75,11 @@ impl Node {
             ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
             other => format!("{other:?}"),
         };
-        Node { client, waiters: Waiters::start(subscriber), server }
+        Node {
+            client,
+            waiters: Waiters::start(subscriber),
+            server,
+        }
     }
 
     /// Connects the command client (if not connected yet) and loads the scripts, within `timeout`.
@@ -91,7 +95,9 @@ impl Node {
             scripts().load_all(&self.client).await?;
             Ok::<_, Error>(())
         };
-        tokio::time::timeout(timeout, work).await.map_err(|_| Error::Timeout(timeout))?
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| Error::Timeout(timeout))?
     }
 
     pub(crate) async fn acquire(
@@ -111,8 +117,13 @@ impl Node {
             .await
             .map_err(|err| Error::from_redis(err, &keys.lock))?;
         match reply.as_slice() {
-            [1, prev, token] => Ok(Vote::Granted { prev: *prev.max(&0) as u64, token: *token.max(&0) as u64 }),
-            [0, ttl] => Ok(Vote::Busy { ttl: (*ttl > 0).then(|| Duration::from_millis(*ttl as u64)) }),
+            [1, prev, token] => Ok(Vote::Granted {
+                prev: *prev.max(&0) as u64,
+                token: *token.max(&0) as u64,
+            }),
+            [0, ttl] => Ok(Vote::Busy {
+                ttl: (*ttl > 0).then(|| Duration::from_millis(*ttl as u64)),
+            }),
             other => Err(unexpected("acquire", other)),
         }
     }
@@ -123,7 +134,11 @@ impl Node {
             .run(
                 &self.client,
                 vec![Key::from(&*keys.lock)],
-                vec![Value::from(owner), Value::from(target as i64), Value::from(&*keys.channel)],
+                vec![
+                    Value::from(owner),
+                    Value::from(target as i64),
+                    Value::from(&*keys.channel),
+                ],
             )
             .await
             .map_err(|err| Error::from_redis(err, &keys.lock))?;
@@ -136,13 +151,20 @@ impl Node {
     }
 
     /// Renews a batch of at most [`RENEW_BATCH`] locks; one flag per lock, true if renewed.
-    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str)], lease: Duration) -> Result<Vec<bool>, Error> {
+    pub(crate) async fn renew(
+        &self,
+        locks: &[(&LockKeys, &str)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, Error> {
         let keys: Vec<Key> = locks.iter().map(|(keys, _)| Key::from(&*keys.lock)).collect();
         let mut args = Vec::with_capacity(locks.len() + 1);
         args.push(millis(lease));
         args.extend(locks.iter().map(|(_, owner)| Value::from(*owner)));
-        let reply: Vec<i64> =
-            scripts().renew.run(&self.client, keys, args).await.map_err(Error::Redis)?;
+        let reply: Vec<i64> = scripts()
+            .renew
+            .run(&self.client, keys, args)
+            .await
+            .map_err(Error::Redis)?;
         if reply.len() != locks.len() {
             return Err(unexpected("renew", &reply));
         }
@@ -152,7 +174,11 @@ impl Node {
     pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), Error> {
         let _: i64 = scripts()
             .raise_fence
-            .run(&self.client, vec![Key::from(&*keys.fence)], vec![Value::from(token.to_string())])
+            .run(
+                &self.client,
+                vec![Key::from(&*keys.fence)],
+                vec![Value::from(token.to_string())],
+            )
             .await
             .map_err(|err| Error::from_redis(err, &keys.fence))?;
         Ok(())
@@ -161,7 +187,11 @@ impl Node {
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let removed: i64 = scripts()
             .force_unlock
-            .run(&self.client, vec![Key::from(&*keys.lock)], vec![Value::from(&*keys.channel)])
+            .run(
+                &self.client,
+                vec![Key::from(&*keys.lock)],
+                vec![Value::from(&*keys.channel)],
+            )
             .await
             .map_err(|err| Error::from_redis(err, &keys.lock))?;
         Ok(removed == 1)

@@ -26,7 +26,11 @@ use crate::Error;
 pub(crate) enum Round {
     /// Held on a majority until `deadline`. `continuing` tells, for a reentrant acquisition, that a
     /// majority still had the owner's earlier hold.
-    Granted { token: u64, continuing: bool, deadline: Instant },
+    Granted {
+        token: u64,
+        continuing: bool,
+        deadline: Instant,
+    },
     /// Held by someone else (`ttl`: the shortest time it is still held for), or a split vote.
     Refused { ttl: Option<Duration>, split: bool },
 }
@@ -102,15 +106,24 @@ pub(crate) async fn acquire(
         let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
         if fenced && deadline > Instant::now() {
             let continuing = granted.iter().filter(|g| g.1 > 0).count() >= needed;
-            return Ok(Round::Granted { token, continuing, deadline });
+            return Ok(Round::Granted {
+                token,
+                continuing,
+                deadline,
+            });
         }
         tracing::debug!(lock = %keys.name, "granted too late or not fenced on a majority; undoing");
     }
 
     // Undo wherever it may have been granted, at once.
-    let undo = core.nodes.iter().enumerate().filter(|(i, _)| !refused[*i]).map(|(_, node)| async move {
-        tokio::time::timeout(timeout, node.release(keys, owner, target - 1)).await
-    });
+    let undo = core
+        .nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !refused[*i])
+        .map(|(_, node)| async move {
+            tokio::time::timeout(timeout, node.release(keys, owner, target - 1)).await
+        });
     futures::future::join_all(undo).await;
 
     if let Some(err @ Error::WrongType(_)) = error {
@@ -119,10 +132,18 @@ pub(crate) async fn acquire(
     if answered < needed {
         return Err(match error {
             Some(err) if nodes == 1 => err,
-            _ => Error::Quorum { granted: granted.len(), answered, needed, nodes },
+            _ => Error::Quorum {
+                granted: granted.len(),
+                answered,
+                needed,
+                nodes,
+            },
         });
     }
-    Ok(Round::Refused { ttl, split: !granted.is_empty() })
+    Ok(Round::Refused {
+        ttl,
+        split: !granted.is_empty(),
+    })
 }
 
 /// Writes `token` back to the granting nodes; returns on how many it landed.
@@ -130,9 +151,18 @@ async fn raise_fence(core: &Core, keys: &LockKeys, granted: &[(usize, u64, u64)]
     let timeout = core.quorum.node_timeout;
     let raises = granted.iter().map(|(i, _, _)| {
         let node = &core.nodes[*i];
-        async move { matches!(tokio::time::timeout(timeout, node.raise_fence(keys, token)).await, Ok(Ok(()))) }
+        async move {
+            matches!(
+                tokio::time::timeout(timeout, node.raise_fence(keys, token)).await,
+                Ok(Ok(()))
+            )
+        }
     });
-    futures::future::join_all(raises).await.into_iter().filter(|ok| *ok).count()
+    futures::future::join_all(raises)
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count()
 }
 
 /// Sets `owner`'s count on `keys` to `target` on every node (0 releases). `Ok(false)` when a majority

@@ -14,7 +14,11 @@ pub(crate) struct Script {
 
 impl Script {
     fn new(name: &'static str, body: &'static str) -> Script {
-        Script { name, body, sha: fred::util::sha1_hash(body) }
+        Script {
+            name,
+            body,
+            sha: fred::util::sha1_hash(body),
+        }
     }
 
     /// Runs the script by `EVALSHA`. A server that lost its script cache (`SCRIPT FLUSH`, restart,
@@ -27,7 +31,10 @@ impl Script {
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
         let args = Value::Array(args);
-        match client.evalsha(self.sha.as_str(), keys.clone(), args.clone()).await {
+        match client
+            .evalsha(self.sha.as_str(), keys.clone(), args.clone())
+            .await
+        {
             Err(err) if err.details().starts_with("NOSCRIPT") => {
                 tracing::debug!(script = self.name, "script cache was flushed, loading it again");
                 let _: String = client.script_load(self.body).await?;
@@ -66,7 +73,13 @@ impl Scripts {
 
     /// Loads every script into a server's cache (`SCRIPT LOAD`).
     pub(crate) async fn load_all(&self, client: &Client) -> Result<(), RedisError> {
-        for script in [&self.acquire, &self.release, &self.renew, &self.force_unlock, &self.raise_fence] {
+        for script in [
+            &self.acquire,
+            &self.release,
+            &self.renew,
+            &self.force_unlock,
+            &self.raise_fence,
+        ] {
             script.load(client).await?;
         }
         Ok(())

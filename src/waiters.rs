@@ -71,7 +71,11 @@ impl Waiters {
         if new {
             self.shared.kick.notify_one();
         }
-        let subscription = Subscription { shared: self.shared.clone(), channel: channel.clone(), notify };
+        let subscription = Subscription {
+            shared: self.shared.clone(),
+            channel: channel.clone(),
+            notify,
+        };
         (subscription, notified, confirmed)
     }
 

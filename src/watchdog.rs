@@ -71,7 +71,10 @@ async fn renew_round(core: &Arc<Core>) {
     let mut requests = Vec::new();
     for (n, node) in core.nodes.iter().enumerate() {
         for (b, batch) in holds.chunks(RENEW_BATCH).enumerate() {
-            let locks: Vec<_> = batch.iter().map(|(hold, _)| (&*hold.keys, &*hold.owner)).collect();
+            let locks: Vec<_> = batch
+                .iter()
+                .map(|(hold, _)| (&*hold.keys, &*hold.owner))
+                .collect();
             requests.push(async move {
                 let reply = tokio::time::timeout(timeout, node.renew(&locks, lease)).await;
                 (n, b, reply)

@@ -31,7 +31,11 @@ impl Throwaway {
             .map_err(|e| {
                 format!("could not start redis-server from PATH ({e}); install it (e.g. `apt-get install redis-server`) or set REDIS_URL")
             })?;
-        let server = Throwaway { child, dir, url: format!("redis://127.0.0.1:{port}") };
+        let server = Throwaway {
+            child,
+            dir,
+            url: format!("redis://127.0.0.1:{port}"),
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if Instant::now() > deadline {
@@ -57,7 +61,10 @@ pub fn redis_url() -> Result<(String, Option<Throwaway>), String> {
         Ok(url) if !url.is_empty() => Ok((url, None)),
         _ => {
             let server = Throwaway::start()?;
-            println!("REDIS_URL not set: started a throwaway redis-server at {}", server.url);
+            println!(
+                "REDIS_URL not set: started a throwaway redis-server at {}",
+                server.url
+            );
             Ok((server.url.clone(), Some(server)))
         }
     }

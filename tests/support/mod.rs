@@ -1,0 +1,324 @@
+//! Shared test support: throwaway redis-server processes on free loopback ports, faults (kill, pause,
+//! restart), and a tiny synchronous RESP client for assertions that does not go through relock.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A redis-server of this test alone, killed and cleaned up on drop.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: PathBuf,
+    args: Vec<String>,
+    password: Option<String>,
+}
+
+impl RedisServer {
+    /// Starts a server without persistence on a free port.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra configuration arguments (e.g. `["--requirepass", "secret"]`).
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let password = args
+            .iter()
+            .position(|a| a == "--requirepass")
+            .and_then(|i| args.get(i + 1))
+            .cloned();
+        for _ in 0..20 {
+            let port = free_port();
+            let dir = std::env::temp_dir().join(format!(
+                "relock-test-{}-{port}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let mut server = RedisServer {
+                child: None,
+                port,
+                dir,
+                args: args.clone(),
+                password: password.clone(),
+            };
+            if server.spawn() {
+                return server;
+            }
+        }
+        panic!("could not start redis-server on a free port");
+    }
+
+    fn spawn(&mut self) -> bool {
+        let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args([
+                "--daemonize",
+                "no",
+                "--protected-mode",
+                "no",
+                "--loglevel",
+                "warning",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(&self.args)
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("redis-server must be on PATH");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
+                self.child = None;
+                return false; // exited: most likely the port was taken meanwhile
+            }
+            if let Ok(reply) = self.try_cmd_timeout(&["PING"], Duration::from_millis(500)) {
+                if matches!(&reply, Reply::Str(s) if s == "PONG")
+                    || matches!(&reply, Reply::Err(e) if e.starts_with("NOAUTH"))
+                {
+                    return true;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+        panic!("redis-server on port {} did not come up:\n{log}", self.port);
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// SIGKILL, and wait for the process to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-CONT", &child.id().to_string()])
+                .status();
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP: the server keeps its connections but answers nothing.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+            assert!(
+                status.map(|s| s.success()).unwrap_or(false),
+                "kill {signal} failed"
+            );
+        }
+    }
+
+    /// Kills the server (if running) and starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "could not restart redis-server on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
+    }
+
+    /// Runs one command and returns its reply; panics if the server cannot be reached.
+    pub fn cmd(&self, args: &[&str]) -> Reply {
+        self.try_cmd(args)
+            .unwrap_or_else(|err| panic!("{args:?} on port {}: {err}", self.port))
+    }
+
+    pub fn try_cmd(&self, args: &[&str]) -> std::io::Result<Reply> {
+        self.try_cmd_timeout(args, Duration::from_secs(5))
+    }
+
+    pub fn try_cmd_timeout(&self, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let stream = TcpStream::connect_timeout(&addr, timeout)?;
+        stream.set_read_timeout(Some(timeout))?;
+        stream.set_write_timeout(Some(timeout))?;
+        let mut reader = BufReader::new(stream.try_clone()?);
+        let mut writer = stream;
+        if let Some(password) = &self.password {
+            writer.write_all(&encode(&["AUTH", password]))?;
+            read_reply(&mut reader)?;
+        }
+        writer.write_all(&encode(args))?;
+        read_reply(&mut reader)
+    }
+
+    pub fn exists(&self, key: &str) -> bool {
+        self.cmd(&["EXISTS", key]).as_int() == Some(1)
+    }
+
+    pub fn keys(&self, pattern: &str) -> Vec<String> {
+        match self.cmd(&["KEYS", pattern]) {
+            Reply::Array(items) => items
+                .iter()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect(),
+            other => panic!("KEYS answered {other:?}"),
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A reply of the RESP protocol.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    Nil,
+    Int(i64),
+    Str(String),
+    Err(String),
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            Reply::Int(i) => Some(*i),
+            Reply::Str(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Reply::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn is_nil(&self) -> bool {
+        matches!(self, Reply::Nil)
+    }
+}
+
+fn encode(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        out.extend_from_slice(arg.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
+    let mut line = String::new();
+    if reader.read_line(&mut line)? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let line = line.trim_end_matches(['\r', '\n']);
+    let bad = || {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("bad reply line {line:?}"),
+        )
+    };
+    let (kind, rest) = line.split_at(1.min(line.len()));
+    Ok(match kind {
+        "+" => Reply::Str(rest.to_string()),
+        "-" => Reply::Err(rest.to_string()),
+        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                Reply::Nil
+            } else {
+                let mut buf = vec![0; len as usize + 2];
+                reader.read_exact(&mut buf)?;
+                buf.truncate(len as usize);
+                Reply::Str(String::from_utf8_lossy(&buf).into_owned())
+            }
+        }
+        "*" => {
+            let len: i64 = rest.parse().map_err(|_| bad())?;
+            if len < 0 {
+                Reply::Nil
+            } else {
+                let mut items = Vec::with_capacity(len as usize);
+                for _ in 0..len {
+                    items.push(read_reply(reader)?);
+                }
+                Reply::Array(items)
+            }
+        }
+        _ => return Err(bad()),
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// A name no other test (in this process or another) uses.
+pub fn unique_name(prefix: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}-{}-{}-{nanos}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
