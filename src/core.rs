@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, oneshot, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedMutexGuard};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -74,10 +74,12 @@ impl Hold {
 
 /// Work for the background releaser.
 pub(crate) enum Job {
-    /// Release one guard of generation `gen`; the result goes to `reply` if anyone waits for it.
+    /// Bring Redis in line after a guard of generation `gen` went (its level is already taken off
+    /// locally); the result goes to `reply` if anyone waits for it.
     Release {
         hold: Arc<Hold>,
         gen: u64,
+        was_lost: bool,
         reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
     /// Bring Redis back in line with the local count of a hold after an acquisition whose outcome is
@@ -96,13 +98,16 @@ pub(crate) struct Core {
     pub(crate) nodes: Vec<Arc<Node>>,
     pub(crate) config: LockConfig,
     pub(crate) quorum: QuorumConfig,
-    holds: Mutex<HashMap<(Arc<str>, Arc<str>), Arc<Hold>>>,
+    holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
     pub(crate) closed: AtomicBool,
     /// Whether the command clients are ours to quit on shutdown.
     owns_clients: bool,
 }
+
+/// A hold is found by its lock key and owner id.
+type HoldKey = (Arc<str>, Arc<str>);
 
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
@@ -195,7 +200,7 @@ impl Core {
         &self,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
-    ) -> (Arc<Hold>, tokio::sync::OwnedMutexGuard<()>) {
+    ) -> (Arc<Hold>, OwnedMutexGuard<()>) {
         loop {
             let hold = self.hold_for(keys, owner);
             let ops = hold.ops.clone().lock_owned().await;
@@ -292,24 +297,37 @@ impl Core {
         self.jobs.send((self.clone(), job)).is_ok()
     }
 
-    /// Releases one guard of generation `gen` of `hold`.
-    async fn release(&self, hold: &Arc<Hold>, gen: u64) -> Result<(), Error> {
+    /// Takes one level off generation `gen` of `hold`, synchronously, as a guard goes: the same
+    /// owner's next acquisition sees the lower count at once, as after a synchronous unlock. `None`
+    /// if the guard's generation is over; else whether its lease was lost. Redis follows in
+    /// [`Job::Release`].
+    pub(crate) fn drop_level(&self, hold: &Hold, gen: u64) -> Option<bool> {
+        let mut st = hold.state.lock();
+        if st.gen != gen || st.count == 0 || st.retired {
+            return None;
+        }
+        st.count -= 1;
+        let lost = *st.lost.borrow();
+        Some(lost)
+    }
+
+    /// Brings Redis to the hold's count after a guard of generation `gen` went (see `drop_level`).
+    async fn release(&self, hold: &Arc<Hold>, gen: u64, was_lost: bool) -> Result<(), Error> {
         let _ops = hold.ops.clone().lock_owned().await;
-        let (target, was_lost) = {
-            let mut st = hold.state.lock();
-            if st.gen != gen || st.count == 0 || st.retired {
-                return Err(Error::NotHeld);
+        let target = {
+            let st = hold.state.lock();
+            if st.retired {
+                // An earlier release already brought Redis to zero.
+                return if was_lost { Err(Error::NotHeld) } else { Ok(()) };
             }
-            st.count -= 1;
-            let lost = *st.lost.borrow();
-            (st.count, lost)
+            if st.active() {
+                st.count
+            } else {
+                0
+            }
         };
-        let outcome = if was_lost && target > 0 {
-            Ok(false)
-        } else {
-            // At zero after a loss, this is best effort: whatever is left of it in Redis is ours.
-            quorum::release(self, &hold.keys, &hold.owner, target).await
-        };
+        // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
+        let outcome = quorum::release(self, &hold.keys, &hold.owner, target).await;
         if target == 0 {
             // Only now: until the release is sent, the same owner's next acquisition must queue
             // behind it on this hold rather than race it from a new one.
@@ -427,8 +445,8 @@ async fn run_jobs(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
 
 async fn run_job(core: Arc<Core>, job: Job) {
     match job {
-        Job::Release { hold, gen, reply } => {
-            let result = core.release(&hold, gen).await;
+        Job::Release { hold, gen, was_lost, reply } => {
+            let result = core.release(&hold, gen, was_lost).await;
             match reply {
                 Some(reply) => {
                     let _ = reply.send(result);

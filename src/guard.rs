@@ -125,15 +125,25 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<(), Error> {
         self.done = true;
         let (tx, rx) = oneshot::channel();
-        let job = Job::Release {
-            hold: self.hold.clone(),
-            gen: self.gen,
-            reply: Some(tx),
-        };
-        if !self.core.enqueue(job) {
+        if !self.enqueue_release(Some(tx)) {
             return Err(Error::Shutdown);
         }
         rx.await.unwrap_or(Err(Error::Shutdown))
+    }
+}
+
+impl LockGuard {
+    /// Takes this guard's level off the hold at once and hands the Redis side to the releaser.
+    /// False if the releaser is gone (its runtime shut down).
+    fn enqueue_release(&self, reply: Option<oneshot::Sender<Result<(), Error>>>) -> bool {
+        let Some(was_lost) = self.core.drop_level(&self.hold, self.gen) else {
+            if let Some(reply) = reply {
+                let _ = reply.send(Err(Error::NotHeld));
+            }
+            return true;
+        };
+        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, was_lost, reply };
+        self.core.enqueue(job)
     }
 }
 
@@ -142,12 +152,7 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        let job = Job::Release {
-            hold: self.hold.clone(),
-            gen: self.gen,
-            reply: None,
-        };
-        if !self.core.enqueue(job) {
+        if !self.enqueue_release(None) {
             tracing::warn!(lock = %self.hold.keys.name, "runtime gone: the lock will be freed when its lease expires");
         }
     }

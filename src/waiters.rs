@@ -134,8 +134,7 @@ fn wake_all(shared: &Shared) {
 async fn run(shared: Weak<Shared>, subscriber: Client) {
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
-    loop {
-        let Some(strong) = shared.upgrade() else { break };
+    while let Some(strong) = shared.upgrade() {
         tokio::select! {
             _ = strong.kick.notified() => {
                 if Arc::strong_count(&strong) == 1 {

@@ -383,6 +383,21 @@ async fn drop_releases_in_the_background_even_on_panic() {
     };
     assert!(run.await.is_err());
     assert!(eventually(Duration::from_secs(3), || !server.exists(&lock_key(&name))).await);
+
+    // A drop takes effect at once for the same owner, as a synchronous unlock would: acquiring again
+    // right after it starts a new hold rather than re-entering the old one.
+    let lock = client.lock(&name);
+    let first = lock.acquire().await.unwrap();
+    let token = first.fencing_token();
+    drop(first);
+    let second = lock.acquire().await.unwrap();
+    assert_eq!(second.hold_count(), 1);
+    assert!(second.fencing_token() > token);
+    assert!(second.is_held());
+    tokio::time::sleep(Duration::from_millis(200)).await; // let the first release reach Redis
+    assert!(server.exists(&lock_key(&name)), "the old hold's release removed the new hold");
+    second.release().await.unwrap();
+    assert!(!server.exists(&lock_key(&name)));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
