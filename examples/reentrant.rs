@@ -11,7 +11,11 @@ use relock::{Error, Lock, LockClient};
 
 async fn transfer(lock: &Lock) -> Result<(), Error> {
     let guard = lock.acquire().await?;
-    println!("transfer: holding (depth {}, token {})", guard.hold_count(), guard.fencing_token());
+    println!(
+        "transfer: holding (depth {}, token {})",
+        guard.hold_count(),
+        guard.fencing_token()
+    );
     debit(lock).await?;
     credit(lock).await
 }
@@ -46,7 +50,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(50)).await;
         println!("other task: waiting for the lock");
         let guard = other.acquire().await?;
-        println!("other task: got it after the whole chain let go (depth {})", guard.hold_count());
+        println!(
+            "other task: got it after the whole chain let go (depth {})",
+            guard.hold_count()
+        );
         Ok::<_, Error>(())
     });
 

@@ -30,8 +30,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = format!("report:{}", std::process::id());
     let guard = client.lock(&name).acquire().await?;
     let start = Instant::now();
-    guard.until_lost(tokio::time::sleep(Duration::from_secs(5))).await?;
-    println!("5 s of work done under a 3 s lease; still held: {}, valid for {:?}", guard.is_held(), guard.validity());
+    guard
+        .until_lost(tokio::time::sleep(Duration::from_secs(5)))
+        .await?;
+    println!(
+        "5 s of work done under a 3 s lease; still held: {}, valid for {:?}",
+        guard.is_held(),
+        guard.validity()
+    );
 
     // Someone deletes the key behind our back: the next renewal notices and the work is stopped.
     let admin = fred::clients::Client::new(fred::prelude::Config::from_url(&url)?, None, None, None);
@@ -41,7 +47,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(500)).await;
         let _: i64 = admin.del(&key).await.unwrap_or(0);
     });
-    match guard.until_lost(tokio::time::sleep(Duration::from_secs(30))).await {
+    match guard
+        .until_lost(tokio::time::sleep(Duration::from_secs(30)))
+        .await
+    {
         Err(Error::LeaseLost) => println!("lease lost after {:?}; the work was stopped", start.elapsed()),
         other => println!("unexpected: {other:?}"),
     }

@@ -133,7 +133,6 @@ pub struct QuorumConfig {
     pub(crate) node_timeout: Duration,
     pub(crate) clock_drift_factor: f64,
     pub(crate) retry_delay: Duration,
-    pub(crate) restart_quarantine: bool,
     pub(crate) lock: Option<LockConfig>,
 }
 
@@ -143,7 +142,6 @@ impl Default for QuorumConfig {
             node_timeout: Duration::from_millis(200),
             clock_drift_factor: 0.01,
             retry_delay: Duration::from_millis(200),
-            restart_quarantine: true,
             lock: None,
         }
     }
@@ -167,14 +165,6 @@ impl QuorumConfig {
     /// `[retry_delay / 2, retry_delay * 3 / 2)`. Default 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
-        self
-    }
-
-    /// Whether a master seen restarted (its `run_id` changed) is left out of every quorum for one
-    /// watchdog lease (or the longest fixed lease granted since), the delayed restart of the Redlock
-    /// page. Default true.
-    pub fn restart_quarantine(mut self, on: bool) -> Self {
-        self.restart_quarantine = on;
         self
     }
 

@@ -196,11 +196,7 @@ impl Core {
 
     /// Takes the hold of `owner` on `keys` with its operations serialised, looking it up again if it
     /// was retired while we waited.
-    async fn lock_hold(
-        &self,
-        keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
-    ) -> (Arc<Hold>, OwnedMutexGuard<()>) {
+    async fn lock_hold(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> (Arc<Hold>, OwnedMutexGuard<()>) {
         loop {
             let hold = self.hold_for(keys, owner);
             let ops = hold.ops.clone().lock_owned().await;
@@ -445,7 +441,12 @@ async fn run_jobs(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
 
 async fn run_job(core: Arc<Core>, job: Job) {
     match job {
-        Job::Release { hold, gen, was_lost, reply } => {
+        Job::Release {
+            hold,
+            gen,
+            was_lost,
+            reply,
+        } => {
             let result = core.release(&hold, gen, was_lost).await;
             match reply {
                 Some(reply) => {

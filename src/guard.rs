@@ -142,7 +142,12 @@ impl LockGuard {
             }
             return true;
         };
-        let job = Job::Release { hold: self.hold.clone(), gen: self.gen, was_lost, reply };
+        let job = Job::Release {
+            hold: self.hold.clone(),
+            gen: self.gen,
+            was_lost,
+            reply,
+        };
         self.core.enqueue(job)
     }
 }

@@ -395,7 +395,10 @@ async fn drop_releases_in_the_background_even_on_panic() {
     assert!(second.fencing_token() > token);
     assert!(second.is_held());
     tokio::time::sleep(Duration::from_millis(200)).await; // let the first release reach Redis
-    assert!(server.exists(&lock_key(&name)), "the old hold's release removed the new hold");
+    assert!(
+        server.exists(&lock_key(&name)),
+        "the old hold's release removed the new hold"
+    );
     second.release().await.unwrap();
     assert!(!server.exists(&lock_key(&name)));
 }

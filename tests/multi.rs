@@ -1,0 +1,264 @@
+//! MultiLock (Redlock) against several real redis-server masters, with masters killed, paused and
+//! brought back.
+
+mod support;
+
+use std::time::Duration;
+
+use relock::{Error, LockClient, LockConfig, MultiLock, QuorumConfig};
+use support::{unique_name, RedisServer};
+use tokio::time::Instant;
+
+fn lock_config() -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(2000))
+        .renew_interval(Duration::from_millis(400))
+        .command_timeout(Duration::from_secs(2))
+}
+
+fn quorum_config() -> QuorumConfig {
+    // Generous against a loaded 2-core machine, still small against the lease.
+    QuorumConfig::default()
+        .node_timeout(Duration::from_millis(300))
+        .retry_delay(Duration::from_millis(100))
+        .lock_config(lock_config())
+}
+
+fn servers(n: usize) -> Vec<RedisServer> {
+    (0..n).map(|_| RedisServer::start()).collect()
+}
+
+async fn multi(servers: &[RedisServer]) -> MultiLock {
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    MultiLock::connect_with(&urls, quorum_config())
+        .await
+        .expect("connect")
+}
+
+fn lock_key(name: &str) -> String {
+    format!("relock:{{{name}}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_release_reentrancy_and_fencing_on_one_three_and_five() {
+    for n in [1, 3, 5] {
+        let servers = servers(n);
+        let a = multi(&servers).await;
+        let b = multi(&servers).await;
+        let name = unique_name("basic");
+        let guard = a.lock(&name).acquire().await.unwrap();
+        assert!(guard.is_held());
+        assert!(guard.validity() > Duration::ZERO && guard.validity() <= Duration::from_millis(2000));
+        let held_on = servers.iter().filter(|s| s.exists(&lock_key(&name))).count();
+        assert!(held_on > n / 2, "held on {held_on} of {n}");
+        assert!(
+            b.lock(&name).try_acquire().await.unwrap().is_none(),
+            "N={n}: another client got it"
+        );
+
+        let inner = a.lock(&name).acquire().await.unwrap();
+        assert_eq!(inner.hold_count(), 2);
+        assert_eq!(inner.fencing_token(), guard.fencing_token());
+        inner.release().await.unwrap();
+        assert!(b.lock(&name).try_acquire().await.unwrap().is_none());
+        let token = guard.fencing_token();
+        guard.release().await.unwrap();
+        assert!(
+            servers.iter().all(|s| !s.exists(&lock_key(&name))),
+            "N={n}: release left keys"
+        );
+
+        let next = b
+            .lock(&name)
+            .try_acquire()
+            .await
+            .unwrap()
+            .expect("free after release");
+        assert!(next.fencing_token() > token);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_minority_down_is_tolerated_and_a_majority_down_is_a_bounded_quorum_error() {
+    let mut servers = servers(5);
+    let multi = multi(&servers).await;
+    servers[0].kill();
+    servers[1].kill();
+    let name = unique_name("minority");
+    let guard = multi.lock(&name).acquire().await.unwrap();
+    // Renewals keep it through several leases with two masters gone.
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    assert!(guard.is_held(), "lost with a majority still up");
+    guard.release().await.unwrap();
+
+    servers[2].kill();
+    let start = Instant::now();
+    let err = multi
+        .lock(&name)
+        .try_acquire_for(Duration::from_millis(500))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Quorum {
+                answered: 2,
+                needed: 3,
+                nodes: 5,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    let err = multi.lock(&name).acquire().await.unwrap_err();
+    assert!(matches!(err, Error::Quorum { .. }), "{err:?}");
+
+    for server in &mut servers[..3] {
+        server.restart();
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match multi.lock(&name).try_acquire().await {
+            Ok(Some(_)) => break,
+            Ok(None) => panic!("nobody holds it"),
+            Err(err) => {
+                assert!(Instant::now() < deadline, "masters back, still {err}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_master_does_not_stall_acquisition() {
+    let servers = servers(5);
+    let multi = multi(&servers).await;
+    servers[4].pause();
+    let name = unique_name("paused");
+    let start = Instant::now();
+    let guard = multi.lock(&name).acquire().await.unwrap();
+    let took = start.elapsed();
+    servers[4].resume();
+    // A majority answers without the paused master: no wait for it beyond node_timeout.
+    assert!(
+        took < Duration::from_millis(300) + Duration::from_millis(700),
+        "took {took:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_survives_a_minority_and_is_lost_with_the_majority() {
+    let mut servers = servers(3);
+    let multi = multi(&servers).await;
+    let name = unique_name("survive");
+    let guard = multi.lock(&name).acquire().await.unwrap();
+    servers[0].kill();
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(guard.is_held(), "lost with 2 of 3 masters up");
+    servers[1].kill();
+    let lost_by = Instant::now() + Duration::from_secs(5);
+    tokio::time::timeout_at(lost_by, guard.lost())
+        .await
+        .expect("lost() never fired with the majority gone");
+    assert!(!guard.is_held());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_increase_under_rotating_majorities() {
+    let servers = servers(5);
+    let multi = multi(&servers).await;
+    let name = unique_name("rotate");
+    let mut last = 0;
+    // Each round pauses a different pair of masters, so successive majorities differ while every
+    // master keeps its counter. Masters 3 and 4 first count in round 1, from a later clock than 0..2:
+    // round 2's majority {0, 1, 2} only draws a larger token because round 1 wrote its token back to
+    // master 2.
+    let rounds = [[3, 4], [0, 1], [3, 4], [1, 2], [0, 4], [2, 3], [0, 1]];
+    for (round, down) in rounds.iter().enumerate() {
+        for &i in down {
+            servers[i].pause();
+        }
+        let guard = multi.lock(&name).acquire().await.unwrap();
+        assert!(
+            guard.fencing_token() > last,
+            "round {round}: {} after {last}",
+            guard.fencing_token()
+        );
+        last = guard.fencing_token();
+        guard.release().await.unwrap();
+        for &i in down {
+            servers[i].resume();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_on_five_masters_exclude_each_other() {
+    let servers = servers(5);
+    let counter = unique_name("count");
+    let name = unique_name("exclusive");
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let multi = multi(&servers).await;
+        for _ in 0..2 {
+            let lock = multi.lock(&name);
+            let url = servers[0].url();
+            let counter = counter.clone();
+            tasks.push(tokio::spawn(async move {
+                use fred::interfaces::{ClientLike, KeysInterface};
+                let admin = fred::clients::Client::new(
+                    fred::prelude::Config::from_url(&url).unwrap(),
+                    None,
+                    None,
+                    None,
+                );
+                admin.init().await.unwrap();
+                for _ in 0..25 {
+                    let guard = lock.acquire().await.unwrap();
+                    let value: Option<i64> = admin.get(&counter).await.unwrap();
+                    let _: () = admin
+                        .set(&counter, value.unwrap_or(0) + 1, None, None, false)
+                        .await
+                        .unwrap();
+                    drop(guard);
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(servers[0].cmd(&["GET", &counter]).as_str(), Some("200"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_quorum_configs_are_rejected() {
+    assert!(matches!(MultiLock::new(Vec::new()), Err(Error::InvalidConfig(_))));
+    let server = RedisServer::start();
+    let a = LockClient::connect(&server.url()).await.unwrap();
+    let b = LockClient::connect(&server.url()).await.unwrap();
+    assert!(matches!(
+        MultiLock::new(vec![a.clone(), b]),
+        Err(Error::InvalidConfig(_))
+    ));
+    let config = QuorumConfig::default().clock_drift_factor(0.9);
+    assert!(matches!(
+        MultiLock::with_config(vec![a.clone()], config),
+        Err(Error::InvalidConfig(_))
+    ));
+    let config = QuorumConfig::default().node_timeout(Duration::ZERO);
+    assert!(MultiLock::with_config(vec![a.clone()], config)
+        .unwrap_err()
+        .is_bad_input());
+    let multi = MultiLock::new(vec![a]).unwrap();
+    assert_eq!(multi.masters(), 1);
+    let guard = multi.lock(&unique_name("one")).acquire().await.unwrap();
+    assert!(guard.is_held());
+}
