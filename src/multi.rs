@@ -57,10 +57,11 @@ impl MultiLock {
         MultiLock::start(nodes, lock_config, config, false)
     }
 
-    /// Connects to every master at once. Works while a minority is unreachable (those keep being
-    /// retried in the background and join when they answer); fails with [`Error::Quorum`] when a
-    /// majority cannot be reached within `node_timeout`... of the default [`QuorumConfig`] multiplied
-    /// to leave room for the connection handshake (the lock config's `command_timeout`).
+    /// Connects to every master at once, with the default [`QuorumConfig`] and `config` for the
+    /// locks. Works while a minority is unreachable (those keep being retried in the background and
+    /// count again once they answer); fails with [`Error::Quorum`] when a majority cannot be reached
+    /// within the lock config's `command_timeout`, and with [`Error::InvalidConfig`] for a bad or
+    /// repeated URL.
     pub async fn connect(urls: &[&str], config: LockConfig) -> Result<MultiLock, Error> {
         MultiLock::connect_with(urls, QuorumConfig::default().lock_config(config)).await
     }
