@@ -45,7 +45,7 @@ async fn mutual_exclusion_gives_the_exact_total() {
     let server = RedisServer::start();
     let name = unique_name("counter");
     let counter = format!("count:{name}");
-    let admin = fred_client(&server).await;
+    let admin = support::fred_client(&server.url()).await;
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let client = client(&server).await;
@@ -54,17 +54,7 @@ async fn mutual_exclusion_gives_the_exact_total() {
             let admin = admin.clone();
             let counter = counter.clone();
             tasks.push(tokio::spawn(async move {
-                use fred::interfaces::KeysInterface;
-                for _ in 0..100 {
-                    let guard = lock.acquire().await.unwrap();
-                    // Non-atomic read-modify-write: only the lock makes it exact.
-                    let value: Option<i64> = admin.get(&counter).await.unwrap();
-                    let _: () = admin
-                        .set(&counter, value.unwrap_or(0) + 1, None, None, false)
-                        .await
-                        .unwrap();
-                    drop(guard);
-                }
+                support::guarded_increments(&lock, &admin, &counter, 100).await
             }));
         }
     }
@@ -72,14 +62,6 @@ async fn mutual_exclusion_gives_the_exact_total() {
         task.await.unwrap();
     }
     assert_eq!(server.cmd(&["GET", &counter]).as_str(), Some("6400"));
-}
-
-async fn fred_client(server: &RedisServer) -> fred::clients::Client {
-    use fred::interfaces::ClientLike;
-    let config = fred::prelude::Config::from_url(&server.url()).unwrap();
-    let client = fred::clients::Client::new(config, None, None, None);
-    client.init().await.unwrap();
-    client
 }
 
 fn nested(
@@ -187,7 +169,7 @@ async fn until_lost_stops_work_when_the_lease_is_lost() {
     let name = unique_name("until-lost");
     let guard = client.lock(&name).acquire().await.unwrap();
     let key = lock_key(&name);
-    let admin = fred_client(&server).await;
+    let admin = support::fred_client(&server.url()).await;
     tokio::spawn(async move {
         use fred::interfaces::KeysInterface;
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -212,23 +212,8 @@ async fn clients_on_five_masters_exclude_each_other() {
             let url = servers[0].url();
             let counter = counter.clone();
             tasks.push(tokio::spawn(async move {
-                use fred::interfaces::{ClientLike, KeysInterface};
-                let admin = fred::clients::Client::new(
-                    fred::prelude::Config::from_url(&url).unwrap(),
-                    None,
-                    None,
-                    None,
-                );
-                admin.init().await.unwrap();
-                for _ in 0..25 {
-                    let guard = lock.acquire().await.unwrap();
-                    let value: Option<i64> = admin.get(&counter).await.unwrap();
-                    let _: () = admin
-                        .set(&counter, value.unwrap_or(0) + 1, None, None, false)
-                        .await
-                        .unwrap();
-                    drop(guard);
-                }
+                let admin = support::fred_client(&url).await;
+                support::guarded_increments(&lock, &admin, &counter, 25).await;
             }));
         }
     }

@@ -322,3 +322,32 @@ pub fn unique_name(prefix: &str) -> String {
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
 }
+
+/// A plain fred client, for reads and writes that do not go through relock.
+pub async fn fred_client(url: &str) -> fred::clients::Client {
+    use fred::interfaces::ClientLike;
+    let config = fred::prelude::Config::from_url(url).expect("url");
+    let client = fred::clients::Client::new(config, None, None, None);
+    client.init().await.expect("connect");
+    client
+}
+
+/// `times` non-atomic read-modify-write increments of `counter`, each under `lock`: only mutual
+/// exclusion makes the total exact.
+pub async fn guarded_increments(
+    lock: &relock::Lock,
+    admin: &fred::clients::Client,
+    counter: &str,
+    times: usize,
+) {
+    use fred::interfaces::KeysInterface;
+    for _ in 0..times {
+        let guard = lock.acquire().await.expect("acquire");
+        let value: Option<i64> = admin.get(counter).await.expect("GET");
+        let _: () = admin
+            .set(counter, value.unwrap_or(0) + 1, None, None, false)
+            .await
+            .expect("SET");
+        drop(guard);
+    }
+}
