@@ -71,7 +71,10 @@ impl LockClient {
     async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
         let timeout = config.get_command_timeout();
         node.init(timeout).await?;
-        let quorum = QuorumConfig::default().node_timeout(timeout);
+        // One server: its restart loses the locks whatever the quorum does, so nothing to quarantine.
+        let quorum = QuorumConfig::default()
+            .node_timeout(timeout)
+            .restart_quarantine(false);
         let core = Core::start(vec![Arc::new(node)], config, quorum, owns_client);
         Ok(LockClient { core })
     }

@@ -133,6 +133,7 @@ pub struct QuorumConfig {
     pub(crate) node_timeout: Duration,
     pub(crate) clock_drift_factor: f64,
     pub(crate) retry_delay: Duration,
+    pub(crate) restart_quarantine: bool,
     pub(crate) lock: Option<LockConfig>,
 }
 
@@ -142,6 +143,7 @@ impl Default for QuorumConfig {
             node_timeout: Duration::from_millis(200),
             clock_drift_factor: 0.01,
             retry_delay: Duration::from_millis(200),
+            restart_quarantine: true,
             lock: None,
         }
     }
@@ -165,6 +167,16 @@ impl QuorumConfig {
     /// `[retry_delay / 2, retry_delay * 3 / 2)`. Default 200 ms.
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
+        self
+    }
+
+    /// The delayed restart of the Redlock page: a master seen to have restarted (a new `run_id`, so it
+    /// may have lost the locks it granted, unless it persists with `appendfsync always`) sits out of
+    /// every quorum for the longest lease (`watchdog_timeout`, or the longest fixed lease this
+    /// MultiLock granted), as does a master whose connection dropped until it is seen again.
+    /// This assumes no client uses longer leases than that. Default true.
+    pub fn restart_quarantine(mut self, on: bool) -> Self {
+        self.restart_quarantine = on;
         self
     }
 

@@ -102,6 +102,8 @@ pub(crate) struct Core {
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
     pub(crate) closed: AtomicBool,
+    /// The longest fixed lease granted, in ms: restarted masters sit out at least this long.
+    longest_lease_ms: AtomicU64,
     /// Whether the command clients are ours to quit on shutdown.
     owns_clients: bool,
 }
@@ -137,6 +139,7 @@ impl Core {
             jobs,
             watchdog_kick: Arc::new(Notify::new()),
             closed: AtomicBool::new(false),
+            longest_lease_ms: AtomicU64::new(0),
             owns_clients,
         });
         tokio::spawn(crate::watchdog::run(Arc::downgrade(&core)));
@@ -146,6 +149,14 @@ impl Core {
 
     pub(crate) fn needed(&self) -> usize {
         self.nodes.len() / 2 + 1
+    }
+
+    /// How long a master seen restarted is kept out of quorums; `None` when that rule is off.
+    pub(crate) fn quarantine(&self) -> Option<Duration> {
+        self.quorum.restart_quarantine.then(|| {
+            let fixed = Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed));
+            fixed.max(self.config.get_watchdog_timeout())
+        })
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -225,7 +236,11 @@ impl Core {
                 } else {
                     let lease = match mode {
                         LeaseMode::Watchdog => self.config.get_watchdog_timeout(),
-                        LeaseMode::Fixed(lease) => lease,
+                        LeaseMode::Fixed(lease) => {
+                            let ms = lease.as_millis().min(u64::MAX as u128) as u64;
+                            self.longest_lease_ms.fetch_max(ms, Ordering::Relaxed);
+                            lease
+                        }
                     };
                     (1, None, lease)
                 }

@@ -1,9 +1,14 @@
 //! One Redis master: a command connection, a subscriber connection and the scripts run on it.
 
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use parking_lot::Mutex;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::time::Instant;
+
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, KeysInterface};
+use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
 use fred::prelude::{Builder, Config, ReconnectPolicy, ServerConfig};
 use fred::types::{Key, Value};
 
@@ -38,6 +43,26 @@ pub(crate) struct Node {
     pub(crate) waiters: Waiters,
     /// `host:port`, to tell masters apart.
     pub(crate) server: String,
+    health: Arc<Mutex<Health>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+/// What a quorum needs to know of a master's past: a master that restarted without persistence
+/// forgot the locks it granted, so it must not vote again before those leases have run out.
+#[derive(Default)]
+struct Health {
+    /// The connection dropped and the server was not seen since: it may have restarted.
+    suspect: bool,
+    /// The server's `run_id` when last seen.
+    run_id: Option<String>,
+    /// When the server was seen to have restarted (a new `run_id`).
+    restarted_at: Option<Instant>,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
 }
 
 impl Node {
@@ -75,11 +100,26 @@ impl Node {
             ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
             other => format!("{other:?}"),
         };
+        let health = Arc::new(Mutex::new(Health::default()));
+        let watcher = tokio::spawn(watch_restarts(
+            client.clone(),
+            server.clone(),
+            Arc::downgrade(&health),
+        ));
         Node {
             client,
             waiters: Waiters::start(subscriber),
             server,
+            health,
+            watcher,
         }
+    }
+
+    /// Whether the master may vote in a quorum: it is not suspected of having restarted unseen, and
+    /// if it was seen restarted, at least `quarantine` (the longest lease) has passed since.
+    pub(crate) fn may_vote(&self, quarantine: Duration) -> bool {
+        let health = self.health.lock();
+        !health.suspect && health.restarted_at.is_none_or(|at| at.elapsed() >= quarantine)
     }
 
     /// Connects the command client (if not connected yet) and loads the scripts, within `timeout`.
@@ -93,6 +133,10 @@ impl Node {
                 self.client.wait_for_connect().await?;
             }
             scripts().load_all(&self.client).await?;
+            let run_id = run_id(&self.client).await?;
+            let mut health = self.health.lock();
+            health.run_id.get_or_insert(run_id);
+            health.suspect = false;
             Ok::<_, Error>(())
         };
         tokio::time::timeout(timeout, work)
@@ -200,6 +244,56 @@ impl Node {
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
         let found: i64 = self.client.exists(&*keys.lock).await.map_err(Error::Redis)?;
         Ok(found == 1)
+    }
+}
+
+async fn run_id(client: &Client) -> Result<String, Error> {
+    let info: String = client.info(Some(fred::types::InfoKind::Server)).await?;
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .unwrap_or_default()
+        .trim()
+        .to_string())
+}
+
+/// Follows the command connection: an error makes the master suspect until its `run_id` is read
+/// again, which tells whether it restarted meanwhile (and so starts its quarantine).
+async fn watch_restarts(client: Client, server: String, health: Weak<Mutex<Health>>) {
+    let mut errors = client.error_rx();
+    let mut reconnects = client.reconnect_rx();
+    loop {
+        tokio::select! {
+            error = errors.recv() => {
+                if matches!(error, Err(RecvError::Closed)) {
+                    return;
+                }
+                let Some(health) = health.upgrade() else { return };
+                health.lock().suspect = true;
+            }
+            reconnect = reconnects.recv() => {
+                if matches!(reconnect, Err(RecvError::Closed)) {
+                    return;
+                }
+            }
+        }
+        // Read the run_id again; while the server is away the request waits in fred's buffer, so this
+        // sends about one request per timeout, not a busy loop.
+        let current = loop {
+            match tokio::time::timeout(Duration::from_secs(2), run_id(&client)).await {
+                Ok(Ok(id)) => break id,
+                _ if health.strong_count() == 0 => return,
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        };
+        let Some(health) = health.upgrade() else { return };
+        let mut health = health.lock();
+        if health.run_id.as_ref().is_some_and(|known| *known != current) {
+            tracing::warn!(node = %server, "master restarted (new run_id): it sits out of quorums for the longest lease");
+            health.restarted_at = Some(Instant::now());
+        }
+        health.run_id = Some(current);
+        health.suspect = false;
     }
 }
 

@@ -48,15 +48,26 @@ pub(crate) async fn acquire(
     let timeout = core.quorum.node_timeout;
     let start = Instant::now();
 
+    // Masters that may have forgotten locks they granted (restarted) do not vote.
+    let quarantine = core.quarantine();
+    let voters: Vec<bool> = core
+        .nodes
+        .iter()
+        .map(|node| quarantine.is_none_or(|q| node.may_vote(q)))
+        .collect();
     let mut pending: FuturesUnordered<_> = core
         .nodes
         .iter()
         .enumerate()
+        .filter(|(i, _)| voters[*i])
         .map(|(i, node)| async move {
             let vote = tokio::time::timeout(timeout, node.acquire(keys, owner, lease, target)).await;
             (i, vote.unwrap_or(Err(Error::Timeout(timeout))))
         })
         .collect();
+    if voters.iter().any(|v| !v) {
+        tracing::debug!(lock = %keys.name, voters = voters.iter().filter(|v| **v).count(), "restarted masters sit out");
+    }
     let mut refused = vec![false; nodes];
     let mut granted: Vec<(usize, u64, u64)> = Vec::new();
     let mut answered = 0;

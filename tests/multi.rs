@@ -247,3 +247,177 @@ async fn bad_quorum_configs_are_rejected() {
     let guard = multi.lock(&unique_name("one")).acquire().await.unwrap();
     assert!(guard.is_held());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn masters_restarted_empty_sit_out_for_the_longest_lease() {
+    let mut servers = servers(3);
+    let lease = Duration::from_secs(4);
+    let config = |quarantine: bool| {
+        QuorumConfig::default()
+            .node_timeout(Duration::from_millis(300))
+            .retry_delay(Duration::from_millis(100))
+            .restart_quarantine(quarantine)
+            .lock_config(
+                lock_config()
+                    .watchdog_timeout(lease)
+                    .renew_interval(Duration::from_secs(1)),
+            )
+    };
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let holder = MultiLock::connect_with(&urls, config(true)).await.unwrap();
+    let careful = MultiLock::connect_with(&urls, config(true)).await.unwrap();
+    let careless = MultiLock::connect_with(&urls, config(false)).await.unwrap();
+    let name = unique_name("restarted");
+
+    // Held on all three; then two of them restart without persistence and forget it.
+    let guard = holder.lock(&name).lease(lease).acquire().await.unwrap();
+    servers[0].restart();
+    servers[2].restart();
+    // Give every client time to notice the restarts (reconnect, read the new run_id).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(
+        guard.is_held(),
+        "the holder's lease is still valid on its own clock"
+    );
+
+    // The careful client keeps the restarted masters out: no majority, no second holder.
+    let refused = careful
+        .lock(&name)
+        .try_acquire_for(Duration::from_millis(500))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::Quorum { .. }) | Ok(None)),
+        "{refused:?}"
+    );
+    // Without the rule, the two empty masters make a majority: two holders at once.
+    let stolen = careless.lock(&name).try_acquire().await.unwrap();
+    assert!(
+        stolen.is_some() && guard.is_held(),
+        "the control case should show the hazard"
+    );
+    drop(stolen);
+
+    // Once the longest lease has passed, the restarted masters vote again.
+    tokio::time::sleep(lease).await;
+    let later = careful
+        .lock(&name)
+        .try_acquire_for(Duration::from_secs(3))
+        .await
+        .unwrap();
+    assert!(later.is_some(), "restarted masters never rejoined");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_holds_while_a_minority_of_masters_is_killed_and_restarted() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let servers = Arc::new(parking_lot::Mutex::new(servers(5)));
+    let store = RedisServer::start(); // the guarded counter lives outside the faulted masters
+    let urls: Vec<String> = servers.lock().iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let counter = unique_name("count");
+    let name = unique_name("chaos");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicUsize::new(0));
+
+    // The nemesis: every ~0.7 s, one master (picked by a seeded generator) is killed and restarted
+    // empty; restarted masters then sit out for the lease, so at times no majority can be had.
+    let seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    println!("nemesis seed {seed}");
+    let nemesis = {
+        let servers = servers.clone();
+        let done = done.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut state = seed | 1;
+            let mut faults = 0;
+            while !done.load(Ordering::SeqCst) && faults < 8 {
+                std::thread::sleep(Duration::from_millis(700));
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let victim = (state % 5) as usize;
+                let mut servers = servers.lock();
+                servers[victim].kill();
+                std::thread::sleep(Duration::from_millis(150));
+                servers[victim].restart();
+                faults += 1;
+            }
+            faults
+        })
+    };
+
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let multi = MultiLock::connect_with(&urls, quorum_config()).await.unwrap();
+        for _ in 0..2 {
+            let lock = multi.lock(&name);
+            let admin = support::fred_client(&store.url()).await;
+            let (counter, inside, overlaps) = (counter.clone(), inside.clone(), overlaps.clone());
+            let interrupted = interrupted.clone();
+            tasks.push(tokio::spawn(async move {
+                use fred::interfaces::KeysInterface;
+                let mut increments = 0;
+                let deadline = Instant::now() + Duration::from_secs(40);
+                while increments < 30 && Instant::now() < deadline {
+                    let guard = match lock.try_acquire_for(Duration::from_secs(2)).await {
+                        Ok(Some(guard)) => guard,
+                        Ok(None) | Err(Error::Quorum { .. }) => continue,
+                        Err(err) => panic!("unexpected error: {err}"),
+                    };
+                    let work = async {
+                        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                            overlaps.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let value: Option<i64> = admin.get(&counter).await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(15)).await;
+                        let _: () = admin
+                            .set(&counter, value.unwrap_or(0) + 1, None, None, false)
+                            .await
+                            .unwrap();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    };
+                    match guard.until_lost(work).await {
+                        Ok(()) => increments += 1,
+                        // Stopped mid-way: the write may or may not have landed.
+                        Err(_) => {
+                            interrupted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    drop(guard);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                increments
+            }));
+        }
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    done.store(true, Ordering::SeqCst);
+    let faults = nemesis.await.unwrap();
+    println!("{total} guarded increments across {faults} master restarts");
+    assert_eq!(
+        overlaps.load(Ordering::SeqCst),
+        0,
+        "overlapping critical sections (seed {seed})"
+    );
+    let stored = store.cmd(&["GET", &counter]).as_int().unwrap_or(0) as usize;
+    let interrupted = interrupted.load(Ordering::SeqCst);
+    assert!(
+        (total..=total + interrupted).contains(&stored),
+        "lost update: {stored} stored, {total} completed, {interrupted} interrupted (seed {seed})"
+    );
+    assert!(
+        total >= 60,
+        "too little progress under faults: {total} (seed {seed})"
+    );
+    assert!(faults >= 1, "the nemesis injected nothing");
+}
