@@ -254,10 +254,10 @@ impl Core {
                 armed: true,
             };
             let round = quorum::acquire(self, keys, owner, lease, target).await;
-            undo.armed = round.is_err();
+            undo.armed = matches!(round, Err(_) | Ok(Round::Refused { stragglers: true, .. }));
             drop(undo);
             let (token, continuing, deadline) = match round? {
-                Round::Refused { ttl, split } => {
+                Round::Refused { ttl, split, .. } => {
                     match reentry {
                         // Someone else holds it: our hold ran out unnoticed.
                         Some(gen) => hold.mark_lost(gen, "the lock was taken by another owner"),

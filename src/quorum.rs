@@ -32,7 +32,12 @@ pub(crate) enum Round {
         deadline: Instant,
     },
     /// Held by someone else (`ttl`: the shortest time it is still held for), or a split vote.
-    Refused { ttl: Option<Duration>, split: bool },
+    /// `stragglers`: some masters did not answer, and may still grant; they need an undo.
+    Refused {
+        ttl: Option<Duration>,
+        split: bool,
+        stragglers: bool,
+    },
 }
 
 /// One round: asks every node to set `owner`'s count on `keys` to `target` with `lease`.
@@ -126,16 +131,16 @@ pub(crate) async fn acquire(
         tracing::debug!(lock = %keys.name, "granted too late or not fenced on a majority; undoing");
     }
 
-    // Undo wherever it may have been granted, at once.
-    let undo = core
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !refused[*i])
-        .map(|(_, node)| async move {
-            tokio::time::timeout(timeout, node.release(keys, owner, target - 1)).await
-        });
+    // Undo at once where it was granted. Where the outcome is unknown (no answer in time), the undo
+    // is the caller's, in the background (`stragglers`), so that a slow master does not hold up
+    // the caller a second time.
+    let undo = granted.iter().map(|(i, _, _)| {
+        let node = &core.nodes[*i];
+        async move { tokio::time::timeout(timeout, node.release(keys, owner, target - 1)).await }
+    });
     futures::future::join_all(undo).await;
+    let decided = granted.len() + refused.iter().filter(|r| **r).count();
+    let stragglers = decided < voters.iter().filter(|v| **v).count();
 
     if let Some(err @ Error::WrongType(_)) = error {
         return Err(err);
@@ -154,6 +159,7 @@ pub(crate) async fn acquire(
     Ok(Round::Refused {
         ttl,
         split: !granted.is_empty(),
+        stragglers,
     })
 }
 

@@ -421,3 +421,25 @@ async fn exclusion_holds_while_a_minority_of_masters_is_killed_and_restarted() {
     );
     assert!(faults >= 1, "the nemesis injected nothing");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_wait_stays_bounded_with_a_master_paused() {
+    let servers = servers(3);
+    let holder = multi(&servers).await;
+    let waiter = multi(&servers).await;
+    let name = unique_name("bounded");
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    servers[2].pause();
+    let wait = Duration::from_millis(500);
+    let start = Instant::now();
+    let result = waiter.lock(&name).try_acquire_for(wait).await;
+    let took = start.elapsed();
+    servers[2].resume();
+    assert!(matches!(result, Ok(None)), "{result:?}");
+    // w + one node_timeout (300 ms) + a margin for this shared machine.
+    assert!(
+        took < wait + Duration::from_millis(300) + Duration::from_millis(700),
+        "took {took:?}"
+    );
+    assert!(guard.is_held());
+}
