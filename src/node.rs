@@ -45,6 +45,8 @@ pub(crate) struct Node {
     pub(crate) server: String,
     health: Arc<Mutex<Health>>,
     watcher: tokio::task::JoinHandle<()>,
+    /// The command client was made here (not handed in by the user), so it is ours to close.
+    owned: bool,
 }
 
 /// What a quorum needs to know of a master's past: a master that restarted without persistence
@@ -62,14 +64,26 @@ struct Health {
 impl Drop for Node {
     fn drop(&mut self) {
         self.watcher.abort();
+        // Without this, fred's connection task would go on reconnecting to a server nobody uses.
+        if self.owned {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let client = self.client.clone();
+                runtime.spawn(async move {
+                    let _ = client.quit().await;
+                });
+            }
+        }
     }
 }
 
 impl Node {
     /// Builds the clients of a node from a URL and starts connecting; `Err` only for a bad URL.
     pub(crate) fn build(url: &str, timeout: Duration) -> Result<Node, Error> {
-        let config =
+        let mut config =
             Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
+        // A server down at start is retried like one that went away later (a MultiLock master may
+        // join late); the caller bounds the wait.
+        config.fail_fast = false;
         if !matches!(config.server, ServerConfig::Centralized { .. }) {
             return Err(Error::InvalidConfig(format!(
                 "redis url {url:?}: only a single server (centralized) URL is supported"
@@ -88,7 +102,9 @@ impl Node {
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
             .build()
             .map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
-        Ok(Node::from_client(client))
+        let mut node = Node::from_client(client);
+        node.owned = true;
+        Ok(node)
     }
 
     /// A node on an existing command client; the subscriber connection is a new client of the same
@@ -112,6 +128,7 @@ impl Node {
             server,
             health,
             watcher,
+            owned: false,
         }
     }
 

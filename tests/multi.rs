@@ -443,3 +443,57 @@ async fn a_bounded_wait_stays_bounded_with_a_master_paused() {
     );
     assert!(guard.is_held());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_works_with_a_minority_unreachable_and_it_joins_later() {
+    let mut servers = servers(3);
+    servers[2].kill();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let multi = MultiLock::connect_with(&urls, quorum_config())
+        .await
+        .expect("2 of 3 reachable");
+    let name = unique_name("late");
+    multi
+        .lock(&name)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+
+    // The third master comes up: it is used from then on.
+    servers[2].restart();
+    let joined = async {
+        loop {
+            let guard = multi.lock(&name).acquire().await.unwrap();
+            let on_third = servers[2].exists(&lock_key(&name));
+            guard.release().await.unwrap();
+            if on_third {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(15), joined)
+        .await
+        .expect("the late master never joined");
+
+    // A majority unreachable at connect time is an error.
+    servers[0].kill();
+    servers[1].kill();
+    let err = MultiLock::connect_with(&urls, quorum_config()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Quorum {
+                answered: 1,
+                needed: 2,
+                nodes: 3,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
