@@ -464,7 +464,7 @@ async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>, 
     let calls_before = evalsha_calls(server);
     let cpu_before = cpu_seconds();
     rounds.clear();
-    let window_rounds = if mode.quick { 3 } else { 3 };
+    let window_rounds = 3;
     let start = Instant::now();
     tokio::time::sleep(interval * window_rounds).await;
     let cpu = (cpu_seconds() - cpu_before) / start.elapsed().as_secs_f64();
