@@ -562,15 +562,15 @@ async fn waiters_scale(server: &RedisServer, rows: &mut Vec<Row>) {
 
 /// The most Redis does with the same scripts on this machine.
 async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 {
-    let acquire = include_str!("../scripts/acquire.lua");
-    let release = include_str!("../scripts/release.lua");
-    let acquire_sha = server
-        .cmd(&["SCRIPT", "LOAD", acquire])
-        .as_str()
-        .unwrap()
-        .to_string();
-    let release_sha = server
-        .cmd(&["SCRIPT", "LOAD", release])
+    // The script relock runs: acquisitions and releases go through the batch script (batches of one
+    // here; under load relock puts many operations in one call).
+    let batch = concat!(
+        include_str!("../scripts/acquire.lua"),
+        include_str!("../scripts/release.lua"),
+        include_str!("../scripts/batch.lua")
+    );
+    let sha = server
+        .cmd(&["SCRIPT", "LOAD", batch])
         .as_str()
         .unwrap()
         .to_string();
@@ -600,10 +600,12 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
             pipeline,
             &[
                 "EVALSHA",
-                &acquire_sha,
+                &sha,
                 "2",
                 key,
                 fence,
+                "1",
+                "a",
                 "bench-owner",
                 "30000",
                 "1",
@@ -613,9 +615,11 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
             pipeline,
             &[
                 "EVALSHA",
-                &release_sha,
+                &sha,
                 "1",
                 key,
+                "1",
+                "r",
                 "bench-owner",
                 "0",
                 "relock:bench:released",
@@ -643,11 +647,11 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
     while Instant::now() < deadline {
         use fred::interfaces::LuaInterface;
         let t = Instant::now();
-        let _: Vec<i64> = client
+        let _: Vec<Vec<i64>> = client
             .evalsha(
-                acquire_sha.as_str(),
+                sha.as_str(),
                 vec!["relock:{rtt}", "relock:{rtt}:fence"],
-                vec!["rtt-owner", "30000", "2"],
+                vec!["1", "a", "rtt-owner", "30000", "2"],
             )
             .await
             .expect("evalsha");

@@ -39,6 +39,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod client;
 mod config;
 mod core;

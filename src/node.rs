@@ -12,6 +12,7 @@ use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
 use fred::prelude::{Builder, Config, ReconnectPolicy, ServerConfig};
 use fred::types::{Key, Value};
 
+use crate::batch::{Batcher, Op};
 use crate::keys::LockKeys;
 use crate::scripts::scripts;
 use crate::waiters::Waiters;
@@ -41,6 +42,7 @@ pub(crate) enum Released {
 pub(crate) struct Node {
     pub(crate) client: Client,
     pub(crate) waiters: Waiters,
+    batcher: Batcher,
     /// `host:port`, to tell masters apart.
     pub(crate) server: String,
     health: Arc<Mutex<Health>>,
@@ -123,6 +125,7 @@ impl Node {
             Arc::downgrade(&health),
         ));
         Node {
+            batcher: Batcher::start(client.clone()),
             client,
             waiters: Waiters::start(subscriber),
             server,
@@ -161,22 +164,22 @@ impl Node {
             .map_err(|_| Error::Timeout(timeout))?
     }
 
+    /// One acquisition (through the node's batcher): see `scripts/acquire.lua`.
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
-        owner: &str,
+        owner: &Arc<str>,
         lease: Duration,
         target: u32,
     ) -> Result<Vote, Error> {
-        let reply: Vec<i64> = scripts()
-            .acquire
-            .run(
-                &self.client,
-                vec![Key::from(&*keys.lock), Key::from(&*keys.fence)],
-                vec![Value::from(owner), millis(lease), Value::from(target as i64)],
-            )
-            .await
-            .map_err(|err| Error::from_redis(err, &keys.lock))?;
+        let op = Op::Acquire {
+            lock: keys.lock.clone(),
+            fence: keys.fence.clone(),
+            owner: owner.clone(),
+            lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
+            target: i64::from(target),
+        };
+        let reply = self.batcher.run(op).await?;
         match reply.as_slice() {
             [1, prev, token] => Ok(Vote::Granted {
                 prev: *prev.max(&0) as u64,
@@ -189,25 +192,24 @@ impl Node {
         }
     }
 
-    pub(crate) async fn release(&self, keys: &LockKeys, owner: &str, target: u32) -> Result<Released, Error> {
-        let reply: i64 = scripts()
-            .release
-            .run(
-                &self.client,
-                vec![Key::from(&*keys.lock)],
-                vec![
-                    Value::from(owner),
-                    Value::from(target as i64),
-                    Value::from(&*keys.channel),
-                ],
-            )
-            .await
-            .map_err(|err| Error::from_redis(err, &keys.lock))?;
-        match reply {
-            0 => Ok(Released::NotHeld),
-            1 => Ok(Released::StillHeld),
-            2 => Ok(Released::Freed),
-            other => Err(unexpected("release", &[other])),
+    /// Sets the owner's count to `target` (through the node's batcher): see `scripts/release.lua`.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        owner: &Arc<str>,
+        target: u32,
+    ) -> Result<Released, Error> {
+        let op = Op::Release {
+            lock: keys.lock.clone(),
+            owner: owner.clone(),
+            target: i64::from(target),
+            channel: keys.channel.clone(),
+        };
+        match self.batcher.run(op).await?.as_slice() {
+            [0] => Ok(Released::NotHeld),
+            [1] => Ok(Released::StillHeld),
+            [2] => Ok(Released::Freed),
+            other => Err(unexpected("release", other)),
         }
     }
 

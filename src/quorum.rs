@@ -12,6 +12,7 @@
 //! majority is the token, and it is written back to a majority before the guard is handed out. Any
 //! later majority overlaps that one, so it draws a larger token.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -44,7 +45,7 @@ pub(crate) enum Round {
 pub(crate) async fn acquire(
     core: &Core,
     keys: &LockKeys,
-    owner: &str,
+    owner: &Arc<str>,
     lease: Duration,
     target: u32,
 ) -> Result<Round, Error> {
@@ -184,7 +185,12 @@ async fn raise_fence(core: &Core, keys: &LockKeys, granted: &[(usize, u64, u64)]
 
 /// Sets `owner`'s count on `keys` to `target` on every node (0 releases). `Ok(false)` when a majority
 /// said the owner did not hold it; an error only when no node answered.
-pub(crate) async fn release(core: &Core, keys: &LockKeys, owner: &str, target: u32) -> Result<bool, Error> {
+pub(crate) async fn release(
+    core: &Core,
+    keys: &LockKeys,
+    owner: &Arc<str>,
+    target: u32,
+) -> Result<bool, Error> {
     let timeout = core.quorum.node_timeout;
     let requests = core.nodes.iter().map(|node| async move {
         tokio::time::timeout(timeout, node.release(keys, owner, target))

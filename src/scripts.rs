@@ -51,10 +51,16 @@ impl Script {
     }
 }
 
+/// The batch script: the acquire and release functions, then the loop that runs them.
+pub(crate) const BATCH: &str = concat!(
+    include_str!("../scripts/acquire.lua"),
+    include_str!("../scripts/release.lua"),
+    include_str!("../scripts/batch.lua")
+);
+
 /// Every script relock runs.
 pub(crate) struct Scripts {
-    pub(crate) acquire: Script,
-    pub(crate) release: Script,
+    pub(crate) batch: Script,
     pub(crate) renew: Script,
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
@@ -63,8 +69,8 @@ pub(crate) struct Scripts {
 impl Scripts {
     fn new() -> Scripts {
         Scripts {
-            acquire: Script::new("acquire", include_str!("../scripts/acquire.lua")),
-            release: Script::new("release", include_str!("../scripts/release.lua")),
+            // acquire.lua and release.lua define the functions that batch.lua runs.
+            batch: Script::new("batch", BATCH),
             renew: Script::new("renew", include_str!("../scripts/renew.lua")),
             force_unlock: Script::new("force_unlock", include_str!("../scripts/force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
@@ -73,13 +79,7 @@ impl Scripts {
 
     /// Loads every script into a server's cache (`SCRIPT LOAD`).
     pub(crate) async fn load_all(&self, client: &Client) -> Result<(), RedisError> {
-        for script in [
-            &self.acquire,
-            &self.release,
-            &self.renew,
-            &self.force_unlock,
-            &self.raise_fence,
-        ] {
+        for script in [&self.batch, &self.renew, &self.force_unlock, &self.raise_fence] {
             script.load(client).await?;
         }
         Ok(())
