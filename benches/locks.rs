@@ -251,7 +251,42 @@ async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     }
 }
 
-/// Tasks contending for one lock; handoff = from the start of a release to the next grant.
+/// Handoff latency: from the start of a release to the next holder's grant.
+#[derive(Clone)]
+struct Handoff {
+    clock: Instant,
+    released: Arc<AtomicU64>,
+}
+
+impl Handoff {
+    fn new(clock: Instant) -> Handoff {
+        Handoff {
+            clock,
+            released: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// A holder was just granted the lock: records the time since the last release began.
+    fn granted(&self, h: &mut Histogram<u64>) {
+        let at = self.released.load(Ordering::SeqCst);
+        if at > 0 {
+            h.record(
+                (self.clock.elapsed().as_micros() as u64)
+                    .saturating_sub(at)
+                    .max(1),
+            )
+            .ok();
+        }
+    }
+
+    /// The holder is about to release.
+    fn releasing(&self) {
+        self.released
+            .store(self.clock.elapsed().as_micros() as u64, Ordering::SeqCst);
+    }
+}
+
+/// Tasks contending for one lock.
 async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     let url = server.url();
     let clock = Instant::now();
@@ -263,22 +298,18 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             LockClient::connect(&url).await.unwrap(),
             LockClient::connect(&url).await.unwrap(),
         ];
-        let released = Arc::new(AtomicU64::new(0));
+        let handoff = Handoff::new(clock);
         let stats = run_tasks(tasks, mode.run, |i, deadline| {
             let lock = clients[i % 2].lock(&name);
-            let released = released.clone();
+            let handoff = handoff.clone();
             async move {
                 let mut h = histogram();
                 let mut n = 0;
                 while Instant::now() < deadline {
                     let guard = lock.acquire().await.unwrap();
-                    let at = released.load(Ordering::SeqCst);
-                    if at > 0 {
-                        let now = clock.elapsed().as_micros() as u64;
-                        h.record(now.saturating_sub(at).max(1)).ok();
-                    }
+                    handoff.granted(&mut h);
                     n += 1;
-                    released.store(clock.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    handoff.releasing();
                     guard.release().await.unwrap();
                 }
                 (n, h)
@@ -291,9 +322,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
         }
 
         let rl = Arc::new(rslock::LockManager::new(vec![url.clone()]));
-        let released = Arc::new(AtomicU64::new(0));
+        let handoff = Handoff::new(clock);
         let stats = run_tasks(tasks, mode.run, |_, deadline| {
-            let (rl, released, name) = (rl.clone(), released.clone(), format!("{name}:r"));
+            let (rl, handoff, name) = (rl.clone(), handoff.clone(), format!("{name}:r"));
             async move {
                 let mut h = histogram();
                 let mut n = 0;
@@ -301,13 +332,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
                     let Ok(lock) = rl.lock(name.as_str(), Duration::from_secs(30)).await else {
                         continue;
                     };
-                    let at = released.load(Ordering::SeqCst);
-                    if at > 0 {
-                        h.record((clock.elapsed().as_micros() as u64).saturating_sub(at).max(1))
-                            .ok();
-                    }
+                    handoff.granted(&mut h);
                     n += 1;
-                    released.store(clock.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    handoff.releasing();
                     rl.unlock(&lock).await;
                 }
                 (n, h)
@@ -321,9 +348,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
         );
 
         let locker = async_redis_lock::Locker::from_redis_url(&url).await.unwrap();
-        let released = Arc::new(AtomicU64::new(0));
+        let handoff = Handoff::new(clock);
         let stats = run_tasks(tasks, mode.run, |_, deadline| {
-            let (locker, released, name) = (locker.clone(), released.clone(), format!("{name}:a"));
+            let (locker, handoff, name) = (locker.clone(), handoff.clone(), format!("{name}:a"));
             async move {
                 let options = async_redis_lock::Options::new().timeout(Some(Duration::from_millis(500)));
                 let mut h = histogram();
@@ -332,13 +359,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
                     let Ok(lock) = locker.acquire_with_options(&options, &name).await else {
                         continue;
                     };
-                    let at = released.load(Ordering::SeqCst);
-                    if at > 0 {
-                        h.record((clock.elapsed().as_micros() as u64).saturating_sub(at).max(1))
-                            .ok();
-                    }
+                    handoff.granted(&mut h);
                     n += 1;
-                    released.store(clock.elapsed().as_micros() as u64, Ordering::SeqCst);
+                    handoff.releasing();
                     let _ = lock.release().await;
                 }
                 (n, h)
@@ -358,9 +381,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
         );
 
         let rl = Arc::new(redlock::RedLock::new(vec![url.clone()]));
-        let released = Arc::new(AtomicU64::new(0));
+        let handoff = Handoff::new(clock);
         let stats = run_tasks(tasks, mode.run, |_, deadline| {
-            let (rl, released, name) = (rl.clone(), released.clone(), format!("{name}:s"));
+            let (rl, handoff, name) = (rl.clone(), handoff.clone(), format!("{name}:s"));
             async move {
                 tokio::task::spawn_blocking(move || {
                     let mut h = histogram();
@@ -369,13 +392,9 @@ async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
                         let Ok(Some(lock)) = rl.lock(name.as_bytes(), 30_000) else {
                             continue;
                         };
-                        let at = released.load(Ordering::SeqCst);
-                        if at > 0 {
-                            h.record((clock.elapsed().as_micros() as u64).saturating_sub(at).max(1))
-                                .ok();
-                        }
+                        handoff.granted(&mut h);
                         n += 1;
-                        released.store(clock.elapsed().as_micros() as u64, Ordering::SeqCst);
+                        handoff.releasing();
                         rl.unlock(&lock);
                     }
                     (n, h)
