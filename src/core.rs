@@ -409,8 +409,7 @@ impl Core {
         for node in &self.nodes {
             node.waiters.wake_all();
             if self.owns_clients {
-                use fred::interfaces::ClientLike;
-                let _ = node.client.quit().await;
+                node.close().await;
             }
         }
         tracing::debug!(client = %self.id, released = holds.len(), "lock client shut down");

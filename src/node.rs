@@ -49,6 +49,8 @@ pub(crate) struct Node {
     watcher: tokio::task::JoinHandle<()>,
     /// The command client was made here (not handed in by the user), so it is ours to close.
     owned: bool,
+    /// The task that drives the command connection, when we started it.
+    connection: Mutex<Option<fred::types::ConnectHandle>>,
 }
 
 /// What a quorum needs to know of a master's past: a master that restarted without persistence
@@ -68,11 +70,9 @@ impl Drop for Node {
         self.watcher.abort();
         // Without this, fred's connection task would go on reconnecting to a server nobody uses.
         if self.owned {
+            let connection = self.connection.lock().take();
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                let client = self.client.clone();
-                runtime.spawn(async move {
-                    let _ = client.quit().await;
-                });
+                runtime.spawn(close(self.client.clone(), connection));
             }
         }
     }
@@ -113,7 +113,6 @@ impl Node {
     /// configuration.
     pub(crate) fn from_client(client: Client) -> Node {
         let subscriber = client.clone_new();
-        subscriber.connect();
         let server = match &client.client_config().server {
             ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
             other => format!("{other:?}"),
@@ -132,6 +131,15 @@ impl Node {
             health,
             watcher,
             owned: false,
+            connection: Mutex::new(None),
+        }
+    }
+
+    /// Closes the command connection if it is ours (see [`close`]).
+    pub(crate) async fn close(&self) {
+        if self.owned {
+            let connection = self.connection.lock().take();
+            close(self.client.clone(), connection).await;
         }
     }
 
@@ -148,7 +156,7 @@ impl Node {
             if !self.client.is_connected() {
                 // A handle of a client that is already connecting is harmless to drop.
                 if self.client.state() == fred::types::ClientState::Disconnected {
-                    self.client.connect();
+                    *self.connection.lock() = Some(self.client.connect());
                 }
                 self.client.wait_for_connect().await?;
             }
@@ -263,6 +271,16 @@ impl Node {
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
         let found: i64 = self.client.exists(&*keys.lock).await.map_err(Error::Redis)?;
         Ok(found == 1)
+    }
+}
+
+/// Closes a client: `QUIT` if the server answers soon, and in any case stops the task that drives
+/// the connection, which would otherwise keep reconnecting to a server that is gone (a `QUIT` to such
+/// a server would wait for the reconnection forever).
+pub(crate) async fn close(client: Client, connection: Option<fred::types::ConnectHandle>) {
+    let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
+    if let Some(connection) = connection {
+        connection.abort();
     }
 }
 

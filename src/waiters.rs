@@ -132,6 +132,7 @@ fn wake_all(shared: &Shared) {
 }
 
 async fn run(shared: Weak<Shared>, subscriber: Client) {
+    let connection = subscriber.connect();
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
     while let Some(strong) = shared.upgrade() {
@@ -169,7 +170,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client) {
             }
         }
     }
-    let _ = subscriber.quit().await;
+    crate::node::close(subscriber, Some(connection)).await;
 }
 
 /// Brings the server's subscriptions in line with the registered interest, in two batched commands.

@@ -497,3 +497,22 @@ async fn connect_works_with_a_minority_unreachable_and_it_joins_later() {
         "{err:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_returns_promptly_with_masters_gone() {
+    let mut servers = servers(3);
+    let multi = multi(&servers).await;
+    let guard = multi.lock(&unique_name("gone")).acquire().await.unwrap();
+    servers[0].kill();
+    servers[1].kill();
+    let start = Instant::now();
+    tokio::time::timeout(Duration::from_secs(10), multi.shutdown())
+        .await
+        .expect("shutdown hung on dead masters");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(!guard.is_held());
+}
