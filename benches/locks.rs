@@ -186,6 +186,13 @@ fn redlock_uncontended(rl: Arc<redlock::RedLock>, key: String, deadline: Instant
     (n, h)
 }
 
+/// The synchronous redlock loop on a blocking thread, as an async bench task.
+async fn redlock_task(rl: Arc<redlock::RedLock>, key: String, deadline: Instant) -> (u64, Histogram<u64>) {
+    tokio::task::spawn_blocking(move || redlock_uncontended(rl, key, deadline))
+        .await
+        .expect("redlock task")
+}
+
 // ---------------------------------------------------------------------------------------------
 // Workloads.
 
@@ -227,12 +234,7 @@ async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
         if tasks <= 16 {
             let rl = Arc::new(redlock::RedLock::new(vec![url.clone()]));
             let stats = run_tasks(tasks, mode.run, |i, d| {
-                let (rl, key) = (rl.clone(), format!("{base}:s{i}"));
-                async move {
-                    tokio::task::spawn_blocking(move || redlock_uncontended(rl, key, d))
-                        .await
-                        .unwrap()
-                }
+                redlock_task(rl.clone(), format!("{base}:s{i}"), d)
             })
             .await;
             rows.push(stats.row(
@@ -442,12 +444,7 @@ async fn redlock_quorum(mode: &Mode, masters: &[RedisServer], rows: &mut Vec<Row
 
         let rl = Arc::new(redlock::RedLock::new(urls.clone()));
         let stats = run_tasks(1, mode.run, |_, d| {
-            let (rl, key) = (rl.clone(), format!("{base}:s"));
-            async move {
-                tokio::task::spawn_blocking(move || redlock_uncontended(rl, key, d))
-                    .await
-                    .unwrap()
-            }
+            redlock_task(rl.clone(), format!("{base}:s"), d)
         })
         .await;
         rows.push(stats.row("redlock", "redlock", params.clone(), "cycles_per_s", "acquire"));

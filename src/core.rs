@@ -148,7 +148,7 @@ impl Core {
     }
 
     pub(crate) fn needed(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        quorum::majority(self.nodes.len())
     }
 
     /// How long a master seen restarted is kept out of quorums; `None` when that rule is off.

@@ -79,7 +79,7 @@ impl MultiLock {
         let inits = nodes.iter().map(|node| node.init(timeout));
         let results = futures::future::join_all(inits).await;
         let answered = results.iter().filter(|r| r.is_ok()).count();
-        let needed = nodes.len() / 2 + 1;
+        let needed = crate::quorum::majority(nodes.len());
         if answered < needed {
             return Err(Error::Quorum {
                 granted: 0,

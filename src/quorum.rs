@@ -216,6 +216,11 @@ pub(crate) async fn release(
     }
 }
 
+/// How many of `nodes` masters make a majority.
+pub(crate) fn majority(nodes: usize) -> usize {
+    nodes / 2 + 1
+}
+
 /// A random delay in `[base / 2, base * 3 / 2)`, so that clients that split a vote do not meet again.
 pub(crate) fn jitter(base: Duration) -> Duration {
     // The low 62 bits of a v4 uuid are random (the variant takes the two above them).
