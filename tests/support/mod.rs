@@ -2,6 +2,8 @@
 //! restart), and a tiny synchronous RESP client for assertions that does not go through relock.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -1,0 +1,250 @@
+//! What a chaos run stands on: the lock servers, a proxy per worker slot and server (so that network
+//! faults can hit one worker or one server), the store, and the worker processes with the live view
+//! of what each one holds.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::history::{Event, Kind, Store};
+use crate::support::proxy::Proxy;
+use crate::support::RedisServer;
+use crate::worker::Settings;
+use crate::Topology;
+
+/// Where a worker task is in its critical section.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Held,
+    /// Read the stock and thinks before writing: a pause now makes its write stale.
+    Thinking,
+}
+
+/// The harness's live view: worker id -> task -> (item, phase).
+pub type Live = Arc<Mutex<HashMap<u32, HashMap<u32, (u32, Phase)>>>>;
+
+pub struct WorkerProcess {
+    pub id: u32,
+    child: Child,
+    stdin: Option<ChildStdin>,
+    reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl WorkerProcess {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+}
+
+pub struct Cluster {
+    pub topology: Topology,
+    /// The lock servers: one, five masters, or a primary and its replica.
+    pub servers: Vec<RedisServer>,
+    /// The replicated topology's current primary (an index into `servers`).
+    pub primary: usize,
+    /// `proxies[slot][server]`; in the replicated topology one per slot, to the current primary.
+    pub proxies: Vec<Vec<Proxy>>,
+    pub store: RedisServer,
+    pub workers: Vec<Option<WorkerProcess>>,
+    pub events: Arc<Mutex<Vec<Event>>>,
+    pub live: Live,
+    pub dir: PathBuf,
+    template: Settings,
+    next_id: u32,
+}
+
+impl Cluster {
+    pub async fn start(topology: Topology, slots: usize, template: Settings, dir: PathBuf) -> Cluster {
+        let servers: Vec<RedisServer> = match topology {
+            Topology::Single => vec![RedisServer::start()],
+            Topology::Multi => (0..5).map(|_| RedisServer::start()).collect(),
+            Topology::Replicated => {
+                let primary = RedisServer::start();
+                let replica = RedisServer::start();
+                replica.cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()]);
+                vec![primary, replica]
+            }
+        };
+        let mut proxies = Vec::new();
+        for _ in 0..slots {
+            let mut row = Vec::new();
+            match topology {
+                Topology::Replicated => row.push(Proxy::start(servers[0].port()).await),
+                _ => {
+                    for server in &servers {
+                        row.push(Proxy::start(server.port()).await);
+                    }
+                }
+            }
+            proxies.push(row);
+        }
+        let store = RedisServer::start();
+        Cluster {
+            topology,
+            servers,
+            primary: 0,
+            proxies,
+            store,
+            workers: (0..slots).map(|_| None).collect(),
+            events: Arc::new(Mutex::new(Vec::new())),
+            live: Arc::new(Mutex::new(HashMap::new())),
+            dir,
+            template,
+            next_id: 1,
+        }
+    }
+
+    /// The lock servers that hold the truth: every master, or the current primary.
+    pub fn lock_servers(&self) -> Vec<&RedisServer> {
+        match self.topology {
+            Topology::Replicated => vec![&self.servers[self.primary]],
+            _ => self.servers.iter().collect(),
+        }
+    }
+
+    /// Starts a worker process in `slot`, talking to the servers through that slot's proxies.
+    pub fn spawn_worker(&mut self, slot: usize) {
+        let id = self.next_id;
+        self.next_id += 1;
+        let settings = Settings {
+            id,
+            urls: self.proxies[slot].iter().map(Proxy::url).collect(),
+            store: self.store.url(),
+            ..self.template.clone()
+        };
+        let stderr = std::fs::File::create(self.dir.join(format!("worker-{id}.err"))).expect("worker log");
+        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--ignored",
+                "--exact",
+                "chaos_worker",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .envs(settings.to_env())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn worker");
+        let stdout = child.stdout.take().expect("worker stdout");
+        let stdin = child.stdin.take();
+        let events = self.events.clone();
+        let live = self.live.clone();
+        let reader = std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(event) = Event::parse(&line) {
+                    follow(&live, &event);
+                    events.lock().unwrap().push(event);
+                }
+            }
+        });
+        self.workers[slot] = Some(WorkerProcess {
+            id,
+            child,
+            stdin,
+            reader: Some(reader),
+        });
+    }
+
+    /// SIGKILL of the worker in `slot`; its lines so far stay in the history.
+    pub fn kill_worker(&mut self, slot: usize) {
+        if let Some(mut worker) = self.workers[slot].take() {
+            let _ = worker.child.kill();
+            let _ = worker.child.wait();
+            if let Some(reader) = worker.reader.take() {
+                let _ = reader.join();
+            }
+            self.live.lock().unwrap().remove(&worker.id);
+        }
+    }
+
+    /// What the worker in `slot` holds now, by its lines: (item, phase) per task.
+    pub fn holding(&self, slot: usize) -> Vec<(u32, Phase)> {
+        let Some(worker) = &self.workers[slot] else {
+            return Vec::new();
+        };
+        let live = self.live.lock().unwrap();
+        live.get(&worker.id)
+            .map(|tasks| tasks.values().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// Closes every worker's stdin (they finish their round, release and exit), then waits for them;
+    /// a worker that does not exit within `limit` is killed. Returns how many had to be killed.
+    pub fn stop_workers(&mut self, limit: Duration) -> usize {
+        for worker in self.workers.iter_mut().flatten() {
+            signal(worker.pid(), libc::SIGCONT);
+            worker.stdin.take();
+        }
+        let deadline = std::time::Instant::now() + limit;
+        let mut killed = 0;
+        for mut worker in self.workers.iter_mut().filter_map(Option::take) {
+            loop {
+                if let Ok(Some(_)) = worker.child.try_wait() {
+                    break;
+                }
+                if std::time::Instant::now() >= deadline {
+                    let _ = worker.child.kill();
+                    let _ = worker.child.wait();
+                    killed += 1;
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Some(reader) = worker.reader.take() {
+                let _ = reader.join();
+            }
+        }
+        killed
+    }
+
+    /// Keys on the lock servers other than fence counters.
+    pub fn keys_left(&self) -> Vec<String> {
+        self.lock_servers()
+            .iter()
+            .flat_map(|server| server.keys("*"))
+            .filter(|key| !key.ends_with(":fence"))
+            .collect()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for slot in 0..self.workers.len() {
+            self.kill_worker(slot);
+        }
+    }
+}
+
+pub fn signal(pid: i32, signal: libc::c_int) {
+    // SAFETY: kill(2) on a child of ours; an error (already gone) is harmless.
+    unsafe { libc::kill(pid, signal) };
+}
+
+fn follow(live: &Live, event: &Event) {
+    let mut live = live.lock().unwrap();
+    let tasks = live.entry(event.worker).or_default();
+    match event.kind {
+        Kind::Grant { .. } => {
+            tasks.insert(event.task, (event.item, Phase::Held));
+        }
+        Kind::Read {
+            store: Store::Accepted { .. },
+            ..
+        } => {
+            tasks.insert(event.task, (event.item, Phase::Thinking));
+        }
+        Kind::Write { .. } => {
+            tasks.insert(event.task, (event.item, Phase::Held));
+        }
+        Kind::Lost | Kind::Release(_) => {
+            tasks.remove(&event.task);
+        }
+        _ => {}
+    }
+}

@@ -1,0 +1,627 @@
+//! The history of a chaos run and its checker.
+//!
+//! Workers print one line per event, stamped on `CLOCK_MONOTONIC`, which every process of this host
+//! shares: that is the one clock of the run. The harness adds what it did (crashes of holders,
+//! faults outside the guarantees). The checker rebuilds every critical section from the lines and
+//! reports (a) overlaps of sections whose lease was still valid, by the library's own `validity()`,
+//! (b) overlaps of sections past their lease and whether fencing caught them, (c) oversell and lost
+//! updates in the store, (d) how long locks of crashed holders took to be granted again.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+/// Nanoseconds on `CLOCK_MONOTONIC`, the same clock in every process of the host.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime only writes into the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// What the fenced store said to one operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Store {
+    /// Done, as the `seq`-th operation on the item; the stock read or written.
+    Accepted { seq: u64, value: i64 },
+    /// Refused: the item's fence was already at this higher token.
+    Rejected { fence: u64 },
+    /// No answer.
+    Failed,
+}
+
+impl fmt::Display for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Store::Accepted { seq, value } => write!(f, "ok {seq} {value}"),
+            Store::Rejected { fence } => write!(f, "stale {fence}"),
+            Store::Failed => write!(f, "fail"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// The lock was granted; `valid_ns` is `validity()` read right after `t`.
+    Grant { token: u64, valid_ns: u64 },
+    /// The wait bound passed without a grant.
+    Busy,
+    /// The acquisition failed with an error.
+    Error(String),
+    /// A fenced read, and the validity read right after `t`, before it was sent.
+    Read { valid_ns: u64, store: Store },
+    /// A fenced write of the stock read minus one, and the validity right after `t`.
+    Write { valid_ns: u64, store: Store },
+    /// `until_lost` stopped the work: the lease was lost.
+    Lost,
+    /// The guard's release began at `t`; its outcome.
+    Release(String),
+}
+
+/// One line of the history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub worker: u32,
+    pub task: u32,
+    pub item: u32,
+    pub t: u64,
+    pub kind: Kind,
+}
+
+impl fmt::Display for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EV {} {} {} {} ", self.worker, self.task, self.item, self.t)?;
+        match &self.kind {
+            Kind::Grant { token, valid_ns } => write!(f, "grant {token} {valid_ns}"),
+            Kind::Busy => write!(f, "busy"),
+            Kind::Error(what) => write!(f, "err {what}"),
+            Kind::Read { valid_ns, store } => write!(f, "read {valid_ns} {store}"),
+            Kind::Write { valid_ns, store } => write!(f, "write {valid_ns} {store}"),
+            Kind::Lost => write!(f, "lost"),
+            Kind::Release(outcome) => write!(f, "rel {outcome}"),
+        }
+    }
+}
+
+impl Event {
+    /// Parses a line printed by `Display` (anything may precede `EV `: libtest prints there).
+    pub fn parse(line: &str) -> Option<Event> {
+        let at = line.find("EV ")?;
+        let mut words = line[at + 3..].split_whitespace();
+        let mut num = || words.next()?.parse::<u64>().ok();
+        let (worker, task, item, t) = (num()? as u32, num()? as u32, num()? as u32, num()?);
+        let mut words = line[at + 3..].split_whitespace().skip(4);
+        let kind = words.next()?;
+        let rest: Vec<&str> = words.collect();
+        let n = |i: usize| rest.get(i).and_then(|w| w.parse::<u64>().ok());
+        let store = |i: usize| match rest.get(i).copied() {
+            Some("ok") => Some(Store::Accepted {
+                seq: n(i + 1)?,
+                value: rest.get(i + 2)?.parse().ok()?,
+            }),
+            Some("stale") => Some(Store::Rejected { fence: n(i + 1)? }),
+            Some("fail") => Some(Store::Failed),
+            _ => None,
+        };
+        let kind = match kind {
+            "grant" => Kind::Grant {
+                token: n(0)?,
+                valid_ns: n(1)?,
+            },
+            "busy" => Kind::Busy,
+            "err" => Kind::Error(rest.join(" ")),
+            "read" => Kind::Read {
+                valid_ns: n(0)?,
+                store: store(1)?,
+            },
+            "write" => Kind::Write {
+                valid_ns: n(0)?,
+                store: store(1)?,
+            },
+            "lost" => Kind::Lost,
+            "rel" => Kind::Release(rest.join(" ")),
+            _ => return None,
+        };
+        Some(Event {
+            worker,
+            task,
+            item,
+            t,
+            kind,
+        })
+    }
+}
+
+/// A holder that crashed (SIGKILL) or stalled past its lease (SIGSTOP) while holding `items`.
+#[derive(Debug, Clone)]
+pub struct Crash {
+    pub worker: u32,
+    pub t: u64,
+    pub items: Vec<u32>,
+    /// Whether the process was killed (its open sections end here) or only stopped.
+    pub killed: bool,
+}
+
+/// What the harness adds to the workers' lines.
+#[derive(Debug, Default)]
+pub struct Harness {
+    pub crashes: Vec<Crash>,
+    /// Windows `[from, to]` after faults that the guarantees do not cover (a Redis that lost its
+    /// data): overlaps that begin inside one are counted apart.
+    pub unprotected: Vec<(u64, u64)>,
+    /// When the workers were told to stop (sections still open end here).
+    pub end: u64,
+    pub initial_stock: i64,
+    /// Per item, the stock in the store at the end and the sales the store accepted.
+    pub final_stock: HashMap<u32, (i64, i64)>,
+    /// The liveness bound: lease + 1 s.
+    pub liveness_ns: u64,
+}
+
+/// One owner's possession of one lock, rebuilt from the history.
+#[derive(Debug, Clone)]
+struct Section {
+    worker: u32,
+    item: u32,
+    token: u64,
+    start: u64,
+    /// Release, loss, crash or the end of the run.
+    end: u64,
+    /// The last moment the library still called the lease valid.
+    valid_end: u64,
+    read: Option<Store>,
+    writes: Vec<Store>,
+}
+
+/// The counts of one run.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    pub acquisitions: u64,
+    pub grants: u64,
+    pub busy: u64,
+    pub errors: u64,
+    pub writes_accepted: u64,
+    pub stale_rejected: u64,
+    /// (a) inside the guarantees: must be zero.
+    pub valid_overlaps: u64,
+    /// (a) after a fault outside the guarantees.
+    pub valid_overlaps_unprotected: u64,
+    /// (b) sections that ran on past their lease into another holder's section.
+    pub expired_overlaps: u64,
+    /// (b) accepted writes whose token was below one the store had already seen: must be zero.
+    pub stale_accepted: u64,
+    /// (c) sales beyond the stock that left the store.
+    pub oversell: u64,
+    /// (c) accepted writes that overwrote another section's accepted write.
+    pub lost_updates: u64,
+    /// (d) crashes of holders, and how many were not followed by a grant within the bound.
+    pub crashes: u64,
+    pub liveness_misses: u64,
+    pub worst_regrant_ms: u64,
+    /// (e) keys left behind on the lock servers.
+    pub keys_left: u64,
+    pub examples: Vec<String>,
+}
+
+impl Report {
+    pub fn violations(&self) -> u64 {
+        self.valid_overlaps
+            + self.stale_accepted
+            + self.oversell
+            + self.lost_updates
+            + self.liveness_misses
+            + self.keys_left
+    }
+
+    fn example(&mut self, what: String) {
+        if self.examples.len() < 10 {
+            self.examples.push(what);
+        }
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
+             (a) valid overlaps {} (+{} after faults outside the guarantees); \
+             (b) sections past their lease overlapping another {}, stale writes accepted {}; \
+             (c) oversell {}, lost updates {}; \
+             (d) holder crashes {}, regranted late {}, worst {} ms; \
+             (e) keys left {}; violations: {}",
+            self.acquisitions,
+            self.grants,
+            self.busy,
+            self.errors,
+            self.writes_accepted,
+            self.stale_rejected,
+            self.valid_overlaps,
+            self.valid_overlaps_unprotected,
+            self.expired_overlaps,
+            self.stale_accepted,
+            self.oversell,
+            self.lost_updates,
+            self.crashes,
+            self.liveness_misses,
+            self.worst_regrant_ms,
+            self.keys_left,
+            self.violations()
+        )
+    }
+}
+
+/// Rebuilds the sections (events of one worker task are in order) and checks them.
+pub fn check(events: &[Event], harness: &Harness) -> Report {
+    let mut report = Report::default();
+    let sections = sections(events, harness, &mut report);
+    check_overlaps(&sections, harness, &mut report);
+    check_store(&sections, harness, &mut report);
+    check_liveness(events, harness, &mut report);
+    report
+}
+
+fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Section> {
+    let kill_of = |worker: u32| {
+        harness
+            .crashes
+            .iter()
+            .find(|c| c.killed && c.worker == worker)
+            .map(|c| c.t)
+    };
+    let mut open: HashMap<(u32, u32), Section> = HashMap::new();
+    let mut done = Vec::new();
+    let close = |mut s: Section, end: u64, done: &mut Vec<Section>| {
+        s.end = end.max(s.start);
+        s.valid_end = s.valid_end.min(s.end);
+        done.push(s);
+    };
+    for ev in events {
+        let key = (ev.worker, ev.task);
+        // A validity of zero claims nothing: the lease was over when the step began.
+        let claim = |s: &mut Section, valid_ns: u64| {
+            if valid_ns > 0 {
+                s.valid_end = s.valid_end.max(ev.t + valid_ns);
+            }
+        };
+        match &ev.kind {
+            Kind::Grant { token, valid_ns } => {
+                report.acquisitions += 1;
+                report.grants += 1;
+                if let Some(stale) = open.remove(&key) {
+                    close(stale, ev.t, &mut done);
+                }
+                open.insert(
+                    key,
+                    Section {
+                        worker: ev.worker,
+                        item: ev.item,
+                        token: *token,
+                        start: ev.t,
+                        end: u64::MAX,
+                        valid_end: ev.t + valid_ns,
+                        read: None,
+                        writes: Vec::new(),
+                    },
+                );
+            }
+            Kind::Busy => {
+                report.acquisitions += 1;
+                report.busy += 1;
+            }
+            Kind::Error(_) => {
+                report.acquisitions += 1;
+                report.errors += 1;
+            }
+            Kind::Read { valid_ns, store } => {
+                if let Some(s) = open.get_mut(&key) {
+                    claim(s, *valid_ns);
+                    s.read = Some(*store);
+                }
+            }
+            Kind::Write { valid_ns, store } => {
+                if let Some(s) = open.get_mut(&key) {
+                    claim(s, *valid_ns);
+                    s.writes.push(*store);
+                }
+                match store {
+                    Store::Accepted { .. } => report.writes_accepted += 1,
+                    Store::Rejected { .. } => report.stale_rejected += 1,
+                    Store::Failed => {}
+                }
+            }
+            Kind::Lost => {
+                if let Some(s) = open.get_mut(&key) {
+                    s.valid_end = s.valid_end.min(ev.t);
+                }
+            }
+            Kind::Release(_) => {
+                if let Some(s) = open.remove(&key) {
+                    close(s, ev.t, &mut done);
+                }
+            }
+        }
+    }
+    for (_, s) in open {
+        let end = kill_of(s.worker).unwrap_or(harness.end);
+        close(s, end, &mut done);
+    }
+    done
+}
+
+fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) {
+    let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
+    for s in sections {
+        by_item.entry(s.item).or_default().push(s);
+    }
+    let mut expired = std::collections::HashSet::new();
+    for (item, mut list) in by_item {
+        list.sort_by_key(|s| s.start);
+        for (i, a) in list.iter().enumerate() {
+            // Sections are short and mostly disjoint: this inner loop stops at once as a rule.
+            for b in &list[i + 1..] {
+                if b.start >= a.end {
+                    break;
+                }
+                let valid = b.start < a.valid_end && b.start < b.valid_end;
+                if !valid {
+                    // Counted once per section that ran on past its lease into another's.
+                    let stale = if a.valid_end <= b.start { a } else { b };
+                    expired.insert((stale.worker, stale.start));
+                    continue;
+                }
+                let excused = harness
+                    .unprotected
+                    .iter()
+                    .any(|(from, to)| (*from..=*to).contains(&b.start));
+                if excused {
+                    report.valid_overlaps_unprotected += 1;
+                } else {
+                    report.valid_overlaps += 1;
+                    report.example(format!(
+                        "item {item}: worker {} (token {}, valid until +{} ms) and worker {} (token {}) from +{} ms",
+                        a.worker,
+                        a.token,
+                        (a.valid_end - a.start) / 1_000_000,
+                        b.worker,
+                        b.token,
+                        (b.start - a.start) / 1_000_000
+                    ));
+                }
+            }
+        }
+    }
+    report.expired_overlaps = expired.len() as u64;
+}
+
+/// The store's own order (`seq`) of every accepted operation, per item, checked as a chain: tokens
+/// never go back, and no write overwrites another section's write made after its own read.
+fn check_store(sections: &[Section], harness: &Harness, report: &mut Report) {
+    struct Op {
+        seq: u64,
+        token: u64,
+        section: usize,
+        write: Option<i64>,
+    }
+    let mut ops: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
+    for (section, s) in sections.iter().enumerate() {
+        let reads = s.read.iter().map(|r| (r, None));
+        let writes = s.writes.iter().map(|w| (w, Some(())));
+        for (store, write) in reads.chain(writes) {
+            if let Store::Accepted { seq, value } = *store {
+                ops.entry(s.item).or_default().push(Op {
+                    seq,
+                    token: s.token,
+                    section,
+                    write: write.map(|()| value),
+                });
+            }
+        }
+    }
+    for (item, mut list) in ops {
+        list.sort_by_key(|op| op.seq);
+        let mut highest = 0;
+        for (i, op) in list.iter().enumerate() {
+            if op.token < highest {
+                report.stale_accepted += 1;
+                report.example(format!(
+                    "item {item}: op {} accepted with token {} after token {highest}",
+                    op.seq, op.token
+                ));
+            }
+            highest = highest.max(op.token);
+            let Some(written) = op.write else { continue };
+            let lost = match sections[op.section].read {
+                Some(Store::Accepted { seq, value }) => {
+                    let between = list[..i].iter().rev().take_while(|o| o.seq > seq);
+                    value - 1 != written
+                        || between
+                            .filter(|o| o.write.is_some())
+                            .any(|o| o.section != op.section)
+                }
+                _ => true,
+            };
+            if lost {
+                report.lost_updates += 1;
+                report.example(format!(
+                    "item {item}: write {} (token {}) overwrote an update it did not read",
+                    op.seq, op.token
+                ));
+            }
+        }
+    }
+    // The store's own count of sales against the stock that left it (events of a worker killed
+    // mid-write may be missing; the store's count is not).
+    for (item, (stock, sales)) in &harness.final_stock {
+        let left_store = harness.initial_stock - stock;
+        if *sales > left_store {
+            report.oversell += (sales - left_store) as u64;
+            report.example(format!(
+                "item {item}: {sales} sales but only {left_store} units left the store"
+            ));
+        } else if *sales < left_store {
+            report.lost_updates += (left_store - sales) as u64;
+            report.example(format!(
+                "item {item}: {left_store} units left the store for {sales} sales"
+            ));
+        }
+    }
+}
+
+fn check_liveness(events: &[Event], harness: &Harness, report: &mut Report) {
+    for crash in &harness.crashes {
+        for item in &crash.items {
+            report.crashes += 1;
+            let regrant = events
+                .iter()
+                .filter(|e| e.item == *item && e.t > crash.t && matches!(e.kind, Kind::Grant { .. }))
+                .map(|e| e.t)
+                .min();
+            match regrant {
+                Some(t) => {
+                    let ms = (t - crash.t) / 1_000_000;
+                    report.worst_regrant_ms = report.worst_regrant_ms.max(ms);
+                    if t - crash.t > harness.liveness_ns {
+                        report.liveness_misses += 1;
+                        report.example(format!(
+                            "item {item}: granted {ms} ms after worker {} crashed",
+                            crash.worker
+                        ));
+                    }
+                }
+                None => {
+                    report.liveness_misses += 1;
+                    report.example(format!(
+                        "item {item}: never granted after worker {} crashed",
+                        crash.worker
+                    ));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn events_round_trip_through_their_lines() {
+    let events = [
+        Kind::Grant {
+            token: 1_700_000_000_000_001,
+            valid_ns: 1_900_000_000,
+        },
+        Kind::Busy,
+        Kind::Error("quorum".into()),
+        Kind::Read {
+            valid_ns: 5,
+            store: Store::Accepted { seq: 3, value: -1 },
+        },
+        Kind::Write {
+            valid_ns: 0,
+            store: Store::Rejected { fence: 9 },
+        },
+        Kind::Write {
+            valid_ns: 0,
+            store: Store::Failed,
+        },
+        Kind::Lost,
+        Kind::Release("notheld".into()),
+    ];
+    for kind in events {
+        let event = Event {
+            worker: 3,
+            task: 4,
+            item: 1,
+            t: 123,
+            kind,
+        };
+        let line = format!("test chaos_worker ... {event}");
+        assert_eq!(Event::parse(&line), Some(event));
+    }
+}
+
+#[test]
+fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
+    let ev = |worker, t, kind| Event {
+        worker,
+        task: 0,
+        item: 0,
+        t,
+        kind,
+    };
+    let ms = 1_000_000;
+    let ok = |seq, value| Store::Accepted { seq, value };
+    // Worker 1 holds token 5 with 1 s of validity; worker 2 is granted token 6 while 1 is still
+    // valid; both read 10 and write 9, and the store (not fenced here) takes both writes.
+    let events = vec![
+        ev(
+            1,
+            0,
+            Kind::Grant {
+                token: 5,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(
+            1,
+            ms,
+            Kind::Read {
+                valid_ns: 999 * ms,
+                store: ok(1, 10),
+            },
+        ),
+        ev(
+            2,
+            10 * ms,
+            Kind::Grant {
+                token: 6,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(
+            2,
+            11 * ms,
+            Kind::Read {
+                valid_ns: 999 * ms,
+                store: ok(2, 10),
+            },
+        ),
+        ev(
+            2,
+            12 * ms,
+            Kind::Write {
+                valid_ns: 999 * ms,
+                store: ok(3, 9),
+            },
+        ),
+        ev(
+            1,
+            13 * ms,
+            Kind::Write {
+                valid_ns: 990 * ms,
+                store: ok(4, 9),
+            },
+        ),
+        ev(2, 14 * ms, Kind::Release("ok".into())),
+        ev(1, 15 * ms, Kind::Release("ok".into())),
+    ];
+    let harness = Harness {
+        end: 20 * ms,
+        initial_stock: 10,
+        final_stock: [(0, (9, 2))].into(),
+        liveness_ns: 3000 * ms,
+        ..Harness::default()
+    };
+    let report = check(&events, &harness);
+    assert_eq!(report.valid_overlaps, 1, "{report}");
+    assert_eq!(report.stale_accepted, 1, "{report}");
+    assert!(report.lost_updates >= 1, "{report}");
+    assert_eq!(report.oversell, 1, "{report}");
+    // The same overlap inside a window after an unprotected fault is counted apart.
+    let excused = Harness {
+        unprotected: vec![(5 * ms, 20 * ms)],
+        ..harness
+    };
+    let report = check(&events, &excused);
+    assert_eq!((report.valid_overlaps, report.valid_overlaps_unprotected), (0, 1));
+}

@@ -1,0 +1,238 @@
+//! The chaos harness: worker processes sell from a fenced inventory under relock's locks while a
+//! nemesis kills, pauses and restarts Redis servers, kills and stops lock holders, flushes scripts
+//! and breaks the network through proxies; a checker then reads the whole history.
+//!
+//! In `cargo test`, a short run per topology (one Redis, five masters with `MultiLock`, a primary
+//! with a replica). A long run, replayable by its seed:
+//!
+//! ```sh
+//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture chaos_multi
+//! RELOCK_CHAOS_SEED=1234 cargo test --test chaos -- --nocapture chaos_single   # replay a seed
+//! ```
+//!
+//! Each run ends with one summary line: operations, faults by kind, each check's count, and
+//! `violations: N`. The history is kept in `target/tmp/chaos-*`.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod cluster;
+mod history;
+mod nemesis;
+mod store;
+mod worker;
+
+use std::time::Duration;
+
+use cluster::Cluster;
+use history::{now_ns, Harness, Report};
+use nemesis::Nemesis;
+use worker::Settings;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One Redis.
+    Single,
+    /// `MultiLock` over five independent masters.
+    Multi,
+    /// One primary with an asynchronous replica, promoted on failover.
+    Replicated,
+}
+
+impl Topology {
+    pub fn name(self) -> &'static str {
+        match self {
+            Topology::Single => "single",
+            Topology::Multi => "multi",
+            Topology::Replicated => "replicated",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Topology> {
+        [Topology::Single, Topology::Multi, Topology::Replicated]
+            .into_iter()
+            .find(|t| t.name() == name)
+    }
+}
+
+/// SplitMix64: small, seeded, good enough to draw a schedule.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 {
+            0
+        } else {
+            self.next_u64() % n
+        }
+    }
+
+    /// Uniform in `[lo, hi)`.
+    pub fn between(&mut self, lo: Duration, hi: Duration) -> Duration {
+        let span = hi.saturating_sub(lo).as_micros() as u64;
+        lo + Duration::from_micros(self.below(span))
+    }
+}
+
+const LEASE: Duration = Duration::from_secs(2);
+const INITIAL_STOCK: i64 = 10_000_000;
+
+/// The run's length and seed, from the environment or the short defaults.
+fn plan(short_secs: u64) -> (Duration, u64) {
+    let secs = std::env::var("RELOCK_CHAOS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(short_secs);
+    let seed = std::env::var("RELOCK_CHAOS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| now_ns() ^ u64::from(std::process::id()) << 40);
+    (Duration::from_secs(secs), seed)
+}
+
+/// One chaos run; returns the report and the summary line.
+async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
+    let (length, seed) = plan(short_secs);
+    println!(
+        "chaos {}: seed {seed} ({}s); replay with RELOCK_CHAOS_SEED={seed}",
+        topology.name(),
+        length.as_secs()
+    );
+    let dir =
+        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{}-{seed}", topology.name()));
+    std::fs::create_dir_all(&dir).expect("history dir");
+    let slots = 3;
+    let template = Settings {
+        id: 0,
+        topology,
+        urls: Vec::new(),
+        store: String::new(),
+        items: 3,
+        lease: LEASE,
+        clients: 2,
+        tasks: 3,
+        think: Duration::from_millis(20),
+        seed,
+    };
+    let mut cluster = Cluster::start(topology, slots, template, dir.clone()).await;
+    let admin = support::fred_client(&cluster.store.url()).await;
+    store::stock(&admin, 3, INITIAL_STOCK).await;
+    for slot in 0..slots {
+        cluster.spawn_worker(slot);
+    }
+
+    let mut harness = Harness {
+        initial_stock: INITIAL_STOCK,
+        liveness_ns: (LEASE + Duration::from_secs(1)).as_nanos() as u64,
+        ..Harness::default()
+    };
+    let start = now_ns();
+    let mut nemesis = Nemesis::new(seed, LEASE);
+    // Faults stop a lease and some before the end, so that the end is judged on a healed system.
+    let quiet_tail = LEASE + Duration::from_secs(2);
+    let faults_until = start + length.saturating_sub(quiet_tail).as_nanos() as u64;
+    nemesis.run(&mut cluster, &mut harness, faults_until).await;
+    let end = start + length.as_nanos() as u64;
+    tokio::time::sleep(Duration::from_nanos(end.saturating_sub(now_ns()))).await;
+
+    harness.end = now_ns();
+    let killed = tokio::task::block_in_place(|| cluster.stop_workers(LEASE * 3 + Duration::from_secs(5)));
+    // Keys of holders that were killed expire within the lease.
+    tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
+    for item in 0..3 {
+        harness
+            .final_stock
+            .insert(item, store::totals(&admin, item).await);
+    }
+    let events = std::mem::take(&mut *cluster.events.lock().unwrap());
+    let history: String = events.iter().map(|e| format!("{e}\n")).collect();
+    std::fs::write(dir.join("history.log"), history).expect("write history");
+
+    let mut report = history::check(&events, &harness);
+    let left = cluster.keys_left();
+    report.keys_left = left.len() as u64;
+    if !left.is_empty() {
+        report.examples.push(format!("keys left: {left:?}"));
+    }
+    if killed > 0 {
+        report
+            .examples
+            .push(format!("{killed} workers did not stop in time and were killed"));
+    }
+    let faults: Vec<String> = nemesis
+        .injected
+        .iter()
+        .map(|(fault, n)| format!("{} {n}", fault.name()))
+        .collect();
+    let summary = format!(
+        "chaos {} seed={seed} {}s: faults [{}]; {report}",
+        topology.name(),
+        length.as_secs(),
+        faults.join(", ")
+    );
+    println!("{summary}");
+    for example in &report.examples {
+        println!("  {example}");
+    }
+    println!("  history: {}", dir.join("history.log").display());
+    (report, summary)
+}
+
+/// Chaos runs load both cores: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn run_and_check(topology: Topology, short_secs: u64) -> Report {
+    let _one_at_a_time = SERIAL.lock().await;
+    let (report, summary) = run(topology, short_secs).await;
+    assert_eq!(report.violations(), 0, "{summary}");
+    assert!(report.writes_accepted > 0, "nothing was sold: {summary}");
+    assert!(
+        report.crashes > 0 || std::env::var("RELOCK_CHAOS_SEED").is_ok(),
+        "no holder crashed: {summary}"
+    );
+    report
+}
+
+/// Child mode: one worker process of a run (see `cluster.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a worker process of the chaos runs, started by them"]
+async fn chaos_worker() {
+    if let Some(settings) = Settings::from_env() {
+        worker::run(settings).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_single_redis() {
+    let report = run_and_check(Topology::Single, 40).await;
+    // Restarting the only Redis with nothing on disk is outside the guarantees; what it caused is
+    // counted apart above and fencing kept the store whole regardless.
+    println!(
+        "single: {} overlaps after restarts, all fenced",
+        report.valid_overlaps_unprotected
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_multilock_five_masters() {
+    let report = run_and_check(Topology::Multi, 45).await;
+    assert_eq!(report.valid_overlaps_unprotected, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_primary_with_replica() {
+    run_and_check(Topology::Replicated, 35).await;
+}

@@ -1,0 +1,273 @@
+//! The nemesis: faults drawn on a seeded schedule, one at a time, each healed before the next.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::cluster::{signal, Cluster, Phase};
+use crate::history::{now_ns, Crash, Harness};
+use crate::{Rng, Topology};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// SIGKILL and restart, empty, of the server (one Redis) or of a minority of the masters.
+    RestartServers,
+    /// SIGSTOP, then SIGCONT, of a server (or a minority of the masters).
+    PauseServers,
+    /// SIGKILL of a worker process that holds a lock; a new worker takes its place.
+    KillHolder,
+    /// SIGSTOP of a worker that holds a lock, past its lease (the GC pause), then SIGCONT.
+    StopHolder,
+    /// `SCRIPT FLUSH` on the servers.
+    ScriptFlush,
+    /// Added latency on one worker's connections.
+    Latency,
+    /// One worker's connections closed under it.
+    DropConnections,
+    /// One worker cut off from the servers (or, with masters, a minority of the masters from
+    /// everyone) for longer than the lease.
+    Partition,
+    /// Replicated topology: the primary dies, its replica is promoted (asynchronous replication).
+    Failover,
+}
+
+impl Fault {
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::RestartServers => "restart",
+            Fault::PauseServers => "pause",
+            Fault::KillHolder => "kill-holder",
+            Fault::StopHolder => "stop-holder",
+            Fault::ScriptFlush => "script-flush",
+            Fault::Latency => "latency",
+            Fault::DropConnections => "drop-connections",
+            Fault::Partition => "partition",
+            Fault::Failover => "failover",
+        }
+    }
+
+    fn menu(topology: Topology) -> &'static [Fault] {
+        use Fault::*;
+        match topology {
+            Topology::Replicated => &[
+                Failover,
+                PauseServers,
+                KillHolder,
+                StopHolder,
+                ScriptFlush,
+                Latency,
+                DropConnections,
+                Partition,
+            ],
+            _ => &[
+                RestartServers,
+                PauseServers,
+                KillHolder,
+                StopHolder,
+                ScriptFlush,
+                Latency,
+                DropConnections,
+                Partition,
+            ],
+        }
+    }
+}
+
+pub struct Nemesis {
+    rng: Rng,
+    lease: Duration,
+    pub injected: BTreeMap<Fault, u32>,
+}
+
+impl Nemesis {
+    pub fn new(seed: u64, lease: Duration) -> Nemesis {
+        Nemesis {
+            rng: Rng::new(seed ^ 0x6e656d65736973),
+            lease,
+            injected: BTreeMap::new(),
+        }
+    }
+
+    /// Injects faults until `until` (nanoseconds on the run's clock), recording what the checker
+    /// needs in `harness`.
+    pub async fn run(&mut self, cluster: &mut Cluster, harness: &mut Harness, until: u64) {
+        while now_ns() < until {
+            let gap = self
+                .rng
+                .between(Duration::from_millis(200), Duration::from_millis(800));
+            tokio::time::sleep(gap).await;
+            let menu = Fault::menu(cluster.topology);
+            let fault = menu[self.rng.below(menu.len() as u64) as usize];
+            if self.inject(fault, cluster, harness).await {
+                *self.injected.entry(fault).or_default() += 1;
+            }
+        }
+    }
+
+    /// Returns false when the fault had no target (no worker held a lock just then).
+    async fn inject(&mut self, fault: Fault, cluster: &mut Cluster, harness: &mut Harness) -> bool {
+        let lease = self.lease;
+        let slots = cluster.workers.len();
+        match fault {
+            Fault::RestartServers => {
+                let victims = self.minority(cluster);
+                let t = now_ns();
+                for &i in &victims {
+                    cluster.servers[i].kill();
+                }
+                tokio::time::sleep(self.rng.between(Duration::ZERO, Duration::from_millis(500))).await;
+                for &i in &victims {
+                    blocking_restart(cluster, i).await;
+                }
+                if cluster.topology == Topology::Single {
+                    // One Redis that kept nothing on disk forgot its locks: outside the guarantees.
+                    harness
+                        .unprotected
+                        .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
+                }
+            }
+            Fault::PauseServers => {
+                let victims = self.minority(cluster);
+                for &i in &victims {
+                    cluster.servers[i].pause();
+                }
+                tokio::time::sleep(self.rng.between(Duration::from_millis(300), lease * 3 / 2)).await;
+                for &i in &victims {
+                    cluster.servers[i].resume();
+                }
+            }
+            Fault::KillHolder | Fault::StopHolder => {
+                // A stop between the read and the write is the GC pause that makes a stale write.
+                let thinking =
+                    (fault == Fault::StopHolder).then(|| self.holder(cluster, Some(Phase::Thinking)));
+                let Some((slot, items)) = thinking.flatten().or_else(|| self.holder(cluster, None)) else {
+                    return false;
+                };
+                let worker = cluster.workers[slot].as_ref().map(|w| (w.id, w.pid()));
+                let Some((id, pid)) = worker else { return false };
+                let t = now_ns();
+                let killed = fault == Fault::KillHolder;
+                if killed {
+                    cluster.kill_worker(slot);
+                    cluster.spawn_worker(slot);
+                } else {
+                    signal(pid, libc::SIGSTOP);
+                    let pause = lease
+                        + self
+                            .rng
+                            .between(Duration::from_millis(300), Duration::from_millis(900));
+                    tokio::time::sleep(pause).await;
+                    signal(pid, libc::SIGCONT);
+                }
+                harness.crashes.push(Crash {
+                    worker: id,
+                    t,
+                    items,
+                    killed,
+                });
+                // Quiet until the lock must have been granted again, so that no other fault delays it.
+                tokio::time::sleep(lease + Duration::from_millis(1500)).await;
+            }
+            Fault::ScriptFlush => {
+                for server in cluster.lock_servers() {
+                    server.cmd(&["SCRIPT", "FLUSH"]);
+                }
+            }
+            Fault::Latency => {
+                let slot = self.rng.below(slots as u64) as usize;
+                let latency = self
+                    .rng
+                    .between(Duration::from_millis(20), Duration::from_millis(150));
+                for proxy in &cluster.proxies[slot] {
+                    proxy.set_latency(latency);
+                }
+                tokio::time::sleep(self.rng.between(Duration::from_secs(1), Duration::from_secs(3))).await;
+                for proxy in &cluster.proxies[slot] {
+                    proxy.set_latency(Duration::ZERO);
+                }
+            }
+            Fault::DropConnections => {
+                let slot = self.rng.below(slots as u64) as usize;
+                for proxy in &cluster.proxies[slot] {
+                    proxy.drop_connections();
+                }
+            }
+            Fault::Partition => {
+                let cut = lease + self.rng.between(Duration::ZERO, Duration::from_secs(1));
+                // With masters, half the time a minority of masters is cut off from every worker.
+                let proxies: Vec<(usize, usize)> =
+                    if cluster.topology == Topology::Multi && self.rng.below(2) == 0 {
+                        let masters = self.minority(cluster);
+                        (0..slots)
+                            .flat_map(|s| masters.iter().map(move |&m| (s, m)))
+                            .collect()
+                    } else {
+                        let slot = self.rng.below(slots as u64) as usize;
+                        (0..cluster.proxies[slot].len()).map(|m| (slot, m)).collect()
+                    };
+                for &(s, m) in &proxies {
+                    cluster.proxies[s][m].partition(true);
+                }
+                tokio::time::sleep(cut).await;
+                for &(s, m) in &proxies {
+                    cluster.proxies[s][m].partition(false);
+                }
+            }
+            Fault::Failover => {
+                let old = cluster.primary;
+                let new = 1 - old;
+                let t = now_ns();
+                cluster.servers[old].kill();
+                cluster.servers[new].cmd(&["REPLICAOF", "NO", "ONE"]);
+                cluster.primary = new;
+                for row in &cluster.proxies {
+                    row[0].set_upstream(cluster.servers[new].port());
+                }
+                // Whatever the replica had not received yet is gone: outside the guarantees.
+                harness
+                    .unprotected
+                    .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
+                blocking_restart(cluster, old).await;
+                let port = cluster.servers[new].port().to_string();
+                cluster.servers[old].cmd(&["REPLICAOF", "127.0.0.1", &port]);
+            }
+        }
+        true
+    }
+
+    /// One server, or one or two of five masters: never a majority.
+    fn minority(&mut self, cluster: &Cluster) -> Vec<usize> {
+        match cluster.topology {
+            Topology::Multi => {
+                let first = self.rng.below(5) as usize;
+                let mut victims = vec![first];
+                if self.rng.below(2) == 0 {
+                    victims.push((first + 1 + self.rng.below(4) as usize) % 5);
+                }
+                victims
+            }
+            Topology::Single => vec![0],
+            Topology::Replicated => vec![cluster.primary],
+        }
+    }
+
+    /// A slot whose worker holds a lock (in `phase`, if given), and the items it holds.
+    fn holder(&mut self, cluster: &Cluster, phase: Option<Phase>) -> Option<(usize, Vec<u32>)> {
+        let slots = cluster.workers.len();
+        let start = self.rng.below(slots as u64) as usize;
+        (0..slots).map(|i| (start + i) % slots).find_map(|slot| {
+            let held = cluster.holding(slot);
+            let wanted = phase.is_none_or(|p| held.iter().any(|h| h.1 == p));
+            (wanted && !held.is_empty()).then(|| (slot, held.iter().map(|h| h.0).collect()))
+        })
+    }
+}
+
+/// Restarts a lock server (empty) without blocking the runtime that runs the proxies.
+async fn blocking_restart(cluster: &mut Cluster, i: usize) {
+    let server = &mut cluster.servers[i];
+    tokio::task::block_in_place(|| server.restart());
+}
+
+fn nanos(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}

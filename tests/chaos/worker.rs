@@ -1,0 +1,261 @@
+//! A worker process: its own lock clients and several tasks that sell from the fenced store under
+//! the locks, printing every step as an event line. It stops when its standard input closes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use relock::{Error, Lock, LockClient, LockConfig, MultiLock, QuorumConfig};
+
+use crate::history::{now_ns, Event, Kind, Store};
+use crate::{store, Rng, Topology};
+
+/// What the harness passes to a worker, through its environment.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub id: u32,
+    pub topology: Topology,
+    pub urls: Vec<String>,
+    pub store: String,
+    pub items: u32,
+    pub lease: Duration,
+    pub clients: u32,
+    pub tasks: u32,
+    pub think: Duration,
+    pub seed: u64,
+}
+
+impl Settings {
+    pub fn to_env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("RELOCK_CHAOS_WORKER", self.id.to_string()),
+            ("RELOCK_CHAOS_TOPOLOGY", self.topology.name().to_string()),
+            ("RELOCK_CHAOS_URLS", self.urls.join(",")),
+            ("RELOCK_CHAOS_STORE", self.store.clone()),
+            ("RELOCK_CHAOS_ITEMS", self.items.to_string()),
+            ("RELOCK_CHAOS_LEASE_MS", self.lease.as_millis().to_string()),
+            ("RELOCK_CHAOS_CLIENTS", self.clients.to_string()),
+            ("RELOCK_CHAOS_TASKS", self.tasks.to_string()),
+            ("RELOCK_CHAOS_THINK_MS", self.think.as_millis().to_string()),
+            ("RELOCK_CHAOS_SEED", self.seed.to_string()),
+        ]
+    }
+
+    pub fn from_env() -> Option<Settings> {
+        let var = |name: &str| std::env::var(name).ok();
+        let num = |name: &str| var(name)?.parse::<u64>().ok();
+        Some(Settings {
+            id: num("RELOCK_CHAOS_WORKER")? as u32,
+            topology: Topology::from_name(&var("RELOCK_CHAOS_TOPOLOGY")?)?,
+            urls: var("RELOCK_CHAOS_URLS")?.split(',').map(str::to_string).collect(),
+            store: var("RELOCK_CHAOS_STORE")?,
+            items: num("RELOCK_CHAOS_ITEMS")? as u32,
+            lease: Duration::from_millis(num("RELOCK_CHAOS_LEASE_MS")?),
+            clients: num("RELOCK_CHAOS_CLIENTS")? as u32,
+            tasks: num("RELOCK_CHAOS_TASKS")? as u32,
+            think: Duration::from_millis(num("RELOCK_CHAOS_THINK_MS")?),
+            seed: num("RELOCK_CHAOS_SEED")?,
+        })
+    }
+}
+
+/// One lock client of the worker, of either kind: the rest of the code cannot tell them apart.
+enum Locks {
+    One(LockClient),
+    Quorum(MultiLock),
+}
+
+impl Locks {
+    async fn connect(settings: &Settings) -> Result<Locks, Error> {
+        let config = LockConfig::default()
+            .watchdog_timeout(settings.lease)
+            .command_timeout(Duration::from_secs(1))
+            .key_prefix("chaos");
+        Ok(match settings.topology {
+            Topology::Multi => {
+                let urls: Vec<&str> = settings.urls.iter().map(String::as_str).collect();
+                Locks::Quorum(
+                    MultiLock::connect_with(&urls, QuorumConfig::default().lock_config(config)).await?,
+                )
+            }
+            Topology::Single | Topology::Replicated => {
+                Locks::One(LockClient::connect_with(&settings.urls[0], config).await?)
+            }
+        })
+    }
+
+    fn lock(&self, name: &str) -> Lock {
+        match self {
+            Locks::One(client) => client.lock(name),
+            Locks::Quorum(multi) => multi.lock(name),
+        }
+    }
+
+    async fn shutdown(&self) {
+        match self {
+            Locks::One(client) => client.shutdown().await,
+            Locks::Quorum(multi) => multi.shutdown().await,
+        }
+    }
+}
+
+pub async fn run(settings: Settings) {
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            // The harness closes our stdin to stop us (or dies, which closes it too).
+            let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
+            stop.store(true, Ordering::Relaxed);
+        });
+    }
+    let store = crate::support::fred_client(&settings.store).await;
+    let mut clients = Vec::new();
+    for _ in 0..settings.clients {
+        // A server may be down for a moment (the nemesis works while workers start): retry.
+        let mut tries = 0;
+        let locks = loop {
+            match Locks::connect(&settings).await {
+                Ok(locks) => break locks,
+                Err(err) if tries < 20 => {
+                    tries += 1;
+                    eprintln!("worker {}: connect: {err}", settings.id);
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+                Err(err) => panic!("worker {} could not connect: {err}", settings.id),
+            }
+        };
+        clients.push(Arc::new(locks));
+    }
+    let mut tasks = Vec::new();
+    for (c, locks) in clients.iter().enumerate() {
+        for t in 0..settings.tasks {
+            let task = c as u32 * settings.tasks + t;
+            let rng = Rng::new(settings.seed ^ (u64::from(settings.id) << 32) ^ u64::from(task));
+            tasks.push(tokio::spawn(sell(
+                settings.clone(),
+                task,
+                rng,
+                locks.clone(),
+                store.clone(),
+                stop.clone(),
+            )));
+        }
+    }
+    for task in tasks {
+        task.await.expect("worker task");
+    }
+    for locks in &clients {
+        locks.shutdown().await;
+    }
+    println!("DONE {}", settings.id);
+}
+
+/// One task's loop: take a random item's lock, read the stock, think, write it minus one, release.
+/// Even tasks run the work under `until_lost` (careful), odd ones do not (naive: a pause between the
+/// read and the write sends a stale write, which fencing must reject).
+async fn sell(
+    settings: Settings,
+    task: u32,
+    mut rng: Rng,
+    locks: Arc<Locks>,
+    store: fred::clients::Client,
+    stop: Arc<AtomicBool>,
+) {
+    let names: Vec<Lock> = (0..settings.items)
+        .map(|i| locks.lock(&format!("item-{i}")))
+        .collect();
+    let careful = task % 2 == 0;
+    let emit = |item: u32, t: u64, kind: Kind| {
+        let event = Event {
+            worker: settings.id,
+            task,
+            item,
+            t,
+            kind,
+        };
+        println!("{event}");
+    };
+    let valid_ns = |guard: &relock::LockGuard| guard.validity().as_nanos() as u64;
+    while !stop.load(Ordering::Relaxed) {
+        let item = rng.below(u64::from(settings.items)) as u32;
+        let guard = match names[item as usize]
+            .try_acquire_for(settings.lease + Duration::from_secs(1))
+            .await
+        {
+            Ok(Some(guard)) => guard,
+            Ok(None) => {
+                emit(item, now_ns(), Kind::Busy);
+                continue;
+            }
+            Err(err) => {
+                let what = match err {
+                    Error::Quorum { .. } => "quorum".to_string(),
+                    Error::Timeout(_) => "timeout".to_string(),
+                    other => other.to_string().replace(char::is_whitespace, "_"),
+                };
+                emit(item, now_ns(), Kind::Error(what));
+                // A bounded back-off: the servers may be down for a while.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        // Read the clock first, then the validity: the claim can only err on the short side.
+        let t = now_ns();
+        emit(
+            item,
+            t,
+            Kind::Grant {
+                token: guard.fencing_token(),
+                valid_ns: valid_ns(&guard),
+            },
+        );
+        let think = Duration::from_micros(rng.below(settings.think.as_micros() as u64 + 1));
+        let token = guard.fencing_token();
+        let work = async {
+            let t = now_ns();
+            let valid = valid_ns(&guard);
+            let read = store::read(&store, item, token).await;
+            emit(
+                item,
+                t,
+                Kind::Read {
+                    valid_ns: valid,
+                    store: read,
+                },
+            );
+            let Store::Accepted { value, .. } = read else {
+                return;
+            };
+            if value <= 0 {
+                return; // sold out
+            }
+            tokio::time::sleep(think).await;
+            let t = now_ns();
+            let valid = valid_ns(&guard);
+            let written = store::write(&store, item, token, value - 1).await;
+            emit(
+                item,
+                t,
+                Kind::Write {
+                    valid_ns: valid,
+                    store: written,
+                },
+            );
+        };
+        if careful {
+            if guard.until_lost(work).await.is_err() {
+                emit(item, now_ns(), Kind::Lost);
+            }
+        } else {
+            work.await;
+        }
+        let t = now_ns();
+        let outcome = match guard.release().await {
+            Ok(()) => "ok".to_string(),
+            Err(Error::NotHeld) => "notheld".to_string(),
+            Err(err) => format!("err:{}", err.to_string().replace(char::is_whitespace, "_")),
+        };
+        emit(item, t, Kind::Release(outcome));
+    }
+}
