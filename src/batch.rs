@@ -162,7 +162,12 @@ fn decode(op: &Op, value: Value) -> Result<Vec<i64>, Error> {
         if message.contains("WRONGTYPE") {
             return Err(Error::WrongType(lock.to_string()));
         }
-        return Err(protocol_error(message));
+        // Redis refused a command inside the script (say, OOM under `noeviction`): a server error,
+        // as fred reports one that it has no kind for, not a malformed reply.
+        return Err(Error::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Unknown,
+            message,
+        )));
     }
     items
         .into_iter()

@@ -4,8 +4,11 @@ use std::time::Duration;
 
 use crate::Error;
 
-/// The shortest lease accepted.
-pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The shortest lease accepted. A lease must leave room for the drift allowance
+/// (`lease × clock_drift_factor + 2 ms`) and a round trip, or it could never be granted.
+pub const MIN_LEASE: Duration = Duration::from_millis(10);
+/// The shortest command or node timeout accepted.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
 /// The longest lease accepted (one day). Longer work keeps a short lease alive with the watchdog.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 /// The longest lock name accepted, in bytes.
@@ -234,9 +237,9 @@ pub(crate) fn check_lease(what: &str, lease: Duration) -> Result<(), Error> {
 }
 
 fn check_timeout(what: &str, timeout: Duration) -> Result<(), Error> {
-    if timeout.is_zero() || timeout > MAX_LEASE {
+    if timeout < MIN_TIMEOUT || timeout > MAX_LEASE {
         return Err(Error::InvalidDuration(format!(
-            "{what} must be above zero and at most {MAX_LEASE:?}, got {timeout:?}"
+            "{what} must be between {MIN_TIMEOUT:?} and {MAX_LEASE:?}, got {timeout:?}"
         )));
     }
     Ok(())

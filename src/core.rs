@@ -153,10 +153,13 @@ impl Core {
 
     /// How long a master seen restarted is kept out of quorums; `None` when that rule is off.
     pub(crate) fn quarantine(&self) -> Option<Duration> {
-        self.quorum.restart_quarantine.then(|| {
-            let fixed = Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed));
-            fixed.max(self.config.get_watchdog_timeout())
-        })
+        self.quorum.restart_quarantine.then(|| self.longest_lease())
+    }
+
+    /// The longest lease this client may have left in Redis: `watchdog_timeout`, or longer fixed ones.
+    fn longest_lease(&self) -> Duration {
+        let fixed = Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed));
+        fixed.max(self.config.get_watchdog_timeout())
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -365,22 +368,42 @@ impl Core {
         }
     }
 
-    /// Sets Redis to the local count of the hold (0 if it holds nothing).
+    /// Sets Redis to the local count of the hold (0 if it holds nothing). An attempt that reaches no
+    /// node (the connection is down) is retried, with backoff, until whatever it would remove has run
+    /// out by itself: otherwise a grant whose reply was lost would block everyone for a whole lease.
+    /// Each try recomputes the target under the hold's lock, so a try at any moment is correct.
     async fn resync(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) {
-        let (hold, _ops) = self.lock_hold(keys, owner).await;
-        let target = {
-            let st = hold.state.lock();
-            if st.active() {
-                st.count
-            } else {
-                0
+        let give_up = Instant::now() + self.longest_lease();
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            let outcome = {
+                let (hold, _ops) = self.lock_hold(keys, owner).await;
+                let target = {
+                    let st = hold.state.lock();
+                    if st.active() {
+                        st.count
+                    } else {
+                        0
+                    }
+                };
+                let outcome = quorum::release(self, keys, owner, target).await;
+                if target == 0 {
+                    self.retire_if_idle(&hold);
+                }
+                outcome
+            };
+            match outcome {
+                Ok(_) => return,
+                Err(err) if !self.is_closed() && Instant::now() + backoff < give_up => {
+                    tracing::debug!(lock = %keys.name, %err, ?backoff, "undo failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                }
+                Err(err) => {
+                    tracing::warn!(lock = %keys.name, %err, "could not undo an interrupted acquisition or release; its lease will run out");
+                    return;
+                }
             }
-        };
-        if let Err(err) = quorum::release(self, keys, owner, target).await {
-            tracing::warn!(lock = %keys.name, %err, "could not undo an interrupted acquisition; its lease will run out");
-        }
-        if target == 0 {
-            self.retire_if_idle(&hold);
         }
     }
 
@@ -462,6 +485,11 @@ async fn run_job(core: Arc<Core>, job: Job) {
             reply,
         } => {
             let result = core.release(&hold, gen, was_lost).await;
+            // The release may or may not have landed: bring Redis in line once it answers again.
+            let unknown = matches!(
+                result,
+                Err(Error::Redis(_) | Error::Timeout(_) | Error::Quorum { .. })
+            );
             match reply {
                 Some(reply) => {
                     let _ = reply.send(result);
@@ -473,6 +501,9 @@ async fn run_job(core: Arc<Core>, job: Job) {
                         }
                     }
                 }
+            }
+            if unknown {
+                core.resync(&hold.keys, &hold.owner).await;
             }
         }
         Job::Resync { keys, owner } => core.resync(&keys, &owner).await,

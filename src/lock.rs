@@ -81,7 +81,7 @@ impl Lock {
 
     /// Acquires with a fixed lease that the watchdog does not renew: the lock is freed after `lease`
     /// even if the guard still lives (its [`lost`](LockGuard::lost) then completes). Checked when
-    /// acquiring: 1 ms to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds.
+    /// acquiring: [`MIN_LEASE`](crate::MIN_LEASE) (10 ms) to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds.
     pub fn lease(mut self, lease: Duration) -> Lock {
         self.lease = Some(lease);
         self

@@ -152,6 +152,17 @@ impl Node {
 
     /// Connects the command client (if not connected yet) and loads the scripts, within `timeout`.
     pub(crate) async fn init(&self, timeout: Duration) -> Result<(), Error> {
+        // fred retries a refused login like a lost connection; say so at once instead of timing out.
+        let mut errors = self.client.error_rx();
+        let refused = async {
+            loop {
+                match errors.recv().await {
+                    Ok((err, _)) if *err.kind() == fred::error::ErrorKind::Auth => return Error::Redis(err),
+                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => std::future::pending::<()>().await,
+                }
+            }
+        };
         let work = async {
             if !self.client.is_connected() {
                 // A handle of a client that is already connecting is harmless to drop.
@@ -166,6 +177,12 @@ impl Node {
             health.run_id.get_or_insert(run_id);
             health.suspect = false;
             Ok::<_, Error>(())
+        };
+        let work = async {
+            tokio::select! {
+                done = work => done,
+                err = refused => Err(err),
+            }
         };
         tokio::time::timeout(timeout, work)
             .await
