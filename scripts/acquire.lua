@@ -4,7 +4,7 @@
 --
 -- The count is *set* to target, never incremented, so a call that runs twice (a resend after a dropped
 -- connection) leaves the same state behind. A target of 1 starts a new hold and draws a new fencing
--- token; a reentrant acquisition returns the current counter.
+-- token (see below); a reentrant acquisition returns the current counter.
 --
 -- Returns {1, previous count of this owner (0 if none), token} when granted,
 --         {0, remaining ttl in ms} when another owner holds the lock.
@@ -19,16 +19,14 @@ local function acquire(lock, fence, owner, lease, target)
 
   local token
   if target == 1 then
-    if redis.call('EXISTS', fence) == 0 then
-      -- A counter that is missing (first use, or a restart without persistence) starts from the
-      -- server's clock in microseconds, which is above every value it can have reached before, as
-      -- long as the clock did not step back by more than the time since.
-      local t = redis.call('TIME')
-      token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-      redis.call('SET', fence, string.format('%.0f', token))
-    else
-      token = redis.call('INCR', fence)
-    end
+    -- The next token is above the counter and never below the server's clock in microseconds. The
+    -- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
+    -- without persistence, or a replica promoted before it received them (asynchronous replication).
+    -- It holds as long as the clock did not step back by more than the time since the last token.
+    local t = redis.call('TIME')
+    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, now)
+    redis.call('SET', fence, string.format('%.0f', token))
   else
     token = tonumber(redis.call('GET', fence) or '0')
   end

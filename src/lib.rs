@@ -31,9 +31,10 @@
 //!   same check can use any unique, comparable value, and that Redlock's safety rests on bounded
 //!   clock drift, not on synchronised clocks).
 //! - **Fencing tokens** strictly increase across successive holders of a name. The counter is never
-//!   reset; if it is lost (a Redis without persistence restarted), it starts again from the server's
-//!   clock in microseconds, which stays above the old values as long as the server's clock did not step
-//!   back by more than the time since the last token.
+//!   reset, and every new token is also at least the server's clock in microseconds, so tokens keep
+//!   rising when the counter lost its latest increments (a Redis without persistence restarted, a
+//!   replica promoted before it had them), as long as the clock did not step back by more than the
+//!   time since the last token.
 //! - **One Redis** is a single point of failure, and a replica promoted after an asynchronous failover
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 

@@ -171,8 +171,8 @@ struct Section {
     end: u64,
     /// The last moment the library still called the lease valid.
     valid_end: u64,
-    read: Option<Store>,
-    writes: Vec<Store>,
+    /// The fenced reads (false) and writes (true), in order.
+    ops: Vec<(bool, Store)>,
 }
 
 /// The counts of one run.
@@ -192,6 +192,9 @@ pub struct Report {
     pub expired_overlaps: u64,
     /// (b) accepted writes whose token was below one the store had already seen: must be zero.
     pub stale_accepted: u64,
+    /// (b) holders whose token was not above that of every holder that ended before they began:
+    /// must be zero (tokens strictly increase across successive holders).
+    pub token_regressions: u64,
     /// (c) sales beyond the stock that left the store.
     pub oversell: u64,
     /// (c) accepted writes that overwrote another section's accepted write.
@@ -209,6 +212,7 @@ impl Report {
     pub fn violations(&self) -> u64 {
         self.valid_overlaps
             + self.stale_accepted
+            + self.token_regressions
             + self.oversell
             + self.lost_updates
             + self.liveness_misses
@@ -228,7 +232,7 @@ impl fmt::Display for Report {
             f,
             "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
              (a) valid overlaps {} (+{} after faults outside the guarantees); \
-             (b) sections past their lease overlapping another {}, stale writes accepted {}; \
+             (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {}; \
              (c) oversell {}, lost updates {}; \
              (d) holder crashes {}, regranted late {}, worst {} ms; \
              (e) keys left {}; violations: {}",
@@ -242,6 +246,7 @@ impl fmt::Display for Report {
             self.valid_overlaps_unprotected,
             self.expired_overlaps,
             self.stale_accepted,
+            self.token_regressions,
             self.oversell,
             self.lost_updates,
             self.crashes,
@@ -258,6 +263,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     let mut report = Report::default();
     let sections = sections(events, harness, &mut report);
     check_overlaps(&sections, harness, &mut report);
+    check_tokens(&sections, &mut report);
     check_store(&sections, harness, &mut report);
     check_liveness(events, harness, &mut report);
     report
@@ -302,8 +308,7 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
-                        read: None,
-                        writes: Vec::new(),
+                        ops: Vec::new(),
                     },
                 );
             }
@@ -318,13 +323,13 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
             Kind::Read { valid_ns, store } => {
                 if let Some(s) = open.get_mut(&key) {
                     claim(s, *valid_ns);
-                    s.read = Some(*store);
+                    s.ops.push((false, *store));
                 }
             }
             Kind::Write { valid_ns, store } => {
                 if let Some(s) = open.get_mut(&key) {
                     claim(s, *valid_ns);
-                    s.writes.push(*store);
+                    s.ops.push((true, *store));
                 }
                 match store {
                     Store::Accepted { .. } => report.writes_accepted += 1,
@@ -396,26 +401,58 @@ fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) 
     report.expired_overlaps = expired.len() as u64;
 }
 
+/// Tokens of successive holders of an item strictly increase: each section's token is above the
+/// token of every section of the item that had ended before it began.
+fn check_tokens(sections: &[Section], report: &mut Report) {
+    let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
+    for s in sections {
+        by_item.entry(s.item).or_default().push(s);
+    }
+    for (item, mut list) in by_item {
+        list.sort_by_key(|s| s.start);
+        let mut ended: std::collections::BinaryHeap<std::cmp::Reverse<(u64, u64)>> = Default::default();
+        let mut highest_ended = 0;
+        for s in list {
+            while let Some(std::cmp::Reverse((end, token))) = ended.peek().copied() {
+                if end > s.start {
+                    break;
+                }
+                ended.pop();
+                highest_ended = highest_ended.max(token);
+            }
+            if s.token <= highest_ended {
+                report.token_regressions += 1;
+                report.example(format!(
+                    "item {item}: worker {} got token {} after a holder with token {highest_ended} had ended",
+                    s.worker, s.token
+                ));
+            }
+            ended.push(std::cmp::Reverse((s.end, s.token)));
+        }
+    }
+}
+
 /// The store's own order (`seq`) of every accepted operation, per item, checked as a chain: tokens
-/// never go back, and no write overwrites another section's write made after its own read.
+/// never go back, and each write follows its own section's latest read with no other section's
+/// write in between (else it overwrote an update it never saw).
 fn check_store(sections: &[Section], harness: &Harness, report: &mut Report) {
     struct Op {
         seq: u64,
         token: u64,
         section: usize,
-        write: Option<i64>,
+        write: bool,
+        value: i64,
     }
     let mut ops: BTreeMap<u32, Vec<Op>> = BTreeMap::new();
     for (section, s) in sections.iter().enumerate() {
-        let reads = s.read.iter().map(|r| (r, None));
-        let writes = s.writes.iter().map(|w| (w, Some(())));
-        for (store, write) in reads.chain(writes) {
-            if let Store::Accepted { seq, value } = *store {
+        for &(write, store) in &s.ops {
+            if let Store::Accepted { seq, value } = store {
                 ops.entry(s.item).or_default().push(Op {
                     seq,
                     token: s.token,
                     section,
-                    write: write.map(|()| value),
+                    write,
+                    value,
                 });
             }
         }
@@ -432,16 +469,15 @@ fn check_store(sections: &[Section], harness: &Harness, report: &mut Report) {
                 ));
             }
             highest = highest.max(op.token);
-            let Some(written) = op.write else { continue };
-            let lost = match sections[op.section].read {
-                Some(Store::Accepted { seq, value }) => {
-                    let between = list[..i].iter().rev().take_while(|o| o.seq > seq);
-                    value - 1 != written
-                        || between
-                            .filter(|o| o.write.is_some())
-                            .any(|o| o.section != op.section)
-                }
-                _ => true,
+            if !op.write {
+                continue;
+            }
+            // Back to this section's read: any write met first (another section's, or a second
+            // write of this one) means this write did not build on what it read.
+            let before = list[..i].iter().rev();
+            let lost = match before.take_while(|o| !o.write).find(|o| o.section == op.section) {
+                Some(read) => read.value - 1 != op.value,
+                None => true,
             };
             if lost {
                 report.lost_updates += 1;
@@ -614,6 +650,7 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
     };
     let report = check(&events, &harness);
     assert_eq!(report.valid_overlaps, 1, "{report}");
+    assert_eq!(report.token_regressions, 0, "{report}");
     assert_eq!(report.stale_accepted, 1, "{report}");
     assert!(report.lost_updates >= 1, "{report}");
     assert_eq!(report.oversell, 1, "{report}");
@@ -624,4 +661,34 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
     };
     let report = check(&events, &excused);
     assert_eq!((report.valid_overlaps, report.valid_overlaps_unprotected), (0, 1));
+
+    // A later holder with a token that is not higher (a counter that went back) is caught.
+    let repeated = vec![
+        ev(
+            1,
+            0,
+            Kind::Grant {
+                token: 7,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(1, ms, Kind::Release("ok".into())),
+        ev(
+            2,
+            2 * ms,
+            Kind::Grant {
+                token: 7,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(2, 3 * ms, Kind::Release("ok".into())),
+    ];
+    let report = check(
+        &repeated,
+        &Harness {
+            end: 5 * ms,
+            ..Harness::default()
+        },
+    );
+    assert_eq!(report.token_regressions, 1, "{report}");
 }

@@ -6,9 +6,13 @@
 //! with a replica). A long run, replayable by its seed:
 //!
 //! ```sh
-//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture chaos_multi
+//! RELOCK_CHAOS_SECS=600 RELOCK_CHAOS_ITEMS=8 RELOCK_CHAOS_THINK_MS=4 \
+//!     cargo test --release --test chaos -- --nocapture chaos_multi
 //! RELOCK_CHAOS_SEED=1234 cargo test --test chaos -- --nocapture chaos_single   # replay a seed
 //! ```
+//!
+//! `RELOCK_CHAOS_ITEMS` (default 3) is the number of locks contended for, `RELOCK_CHAOS_THINK_MS`
+//! (default 20) the longest pause between a holder's read and its write.
 //!
 //! Each run ends with one summary line: operations, faults by kind, each check's count, and
 //! `violations: N`. The history is kept in `target/tmp/chaos-*`.
@@ -90,12 +94,16 @@ impl Rng {
 const LEASE: Duration = Duration::from_secs(2);
 const INITIAL_STOCK: i64 = 10_000_000;
 
-/// The run's length and seed, from the environment or the short defaults.
-fn plan(short_secs: u64) -> (Duration, u64) {
-    let secs = std::env::var("RELOCK_CHAOS_SECS")
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(short_secs);
+        .unwrap_or(default)
+}
+
+/// The run's length and seed, from the environment or the short defaults.
+fn plan(short_secs: u64) -> (Duration, u64) {
+    let secs = env_or("RELOCK_CHAOS_SECS", short_secs);
     let seed = std::env::var("RELOCK_CHAOS_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -115,21 +123,22 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
         std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{}-{seed}", topology.name()));
     std::fs::create_dir_all(&dir).expect("history dir");
     let slots = 3;
+    let items = env_or("RELOCK_CHAOS_ITEMS", 3) as u32;
     let template = Settings {
         id: 0,
         topology,
         urls: Vec::new(),
         store: String::new(),
-        items: 3,
+        items,
         lease: LEASE,
         clients: 2,
         tasks: 3,
-        think: Duration::from_millis(20),
+        think: Duration::from_millis(env_or("RELOCK_CHAOS_THINK_MS", 20)),
         seed,
     };
     let mut cluster = Cluster::start(topology, slots, template, dir.clone()).await;
     let admin = support::fred_client(&cluster.store.url()).await;
-    store::stock(&admin, 3, INITIAL_STOCK).await;
+    store::stock(&admin, items, INITIAL_STOCK).await;
     for slot in 0..slots {
         cluster.spawn_worker(slot);
     }
@@ -152,7 +161,7 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
     let killed = tokio::task::block_in_place(|| cluster.stop_workers(LEASE * 3 + Duration::from_secs(5)));
     // Keys of holders that were killed expire within the lease.
     tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
-    for item in 0..3 {
+    for item in 0..items {
         harness
             .final_stock
             .insert(item, store::totals(&admin, item).await);

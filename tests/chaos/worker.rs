@@ -128,20 +128,26 @@ pub async fn run(settings: Settings) {
         clients.push(Arc::new(locks));
     }
     let mut tasks = Vec::new();
+    let mut start = |task: u32, pace: Pace, locks: &Arc<Locks>| {
+        let rng = Rng::new(settings.seed ^ (u64::from(settings.id) << 32) ^ u64::from(task));
+        tasks.push(tokio::spawn(sell(
+            settings.clone(),
+            task,
+            pace,
+            rng,
+            locks.clone(),
+            store.clone(),
+            stop.clone(),
+        )));
+    };
     for (c, locks) in clients.iter().enumerate() {
         for t in 0..settings.tasks {
-            let task = c as u32 * settings.tasks + t;
-            let rng = Rng::new(settings.seed ^ (u64::from(settings.id) << 32) ^ u64::from(task));
-            tasks.push(tokio::spawn(sell(
-                settings.clone(),
-                task,
-                rng,
-                locks.clone(),
-                store.clone(),
-                stop.clone(),
-            )));
+            start(c as u32 * settings.tasks + t, Pace::Short, locks);
         }
     }
+    // One long holder per worker, careful in some workers and naive in others.
+    let long = settings.clients * settings.tasks + settings.id % 2;
+    start(long, Pace::Long, &clients[0]);
     for task in tasks {
         task.await.expect("worker task");
     }
@@ -151,12 +157,23 @@ pub async fn run(settings: Settings) {
     println!("DONE {}", settings.id);
 }
 
+/// How a task holds its locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// One read, a short think, one write: the bulk of the operations.
+    Short,
+    /// Held for 1 to 3 s (so across watchdog renewals, and often past the lease), a read and a write
+    /// every few hundred ms, then idle for a while: the holds that faults hit in the middle.
+    Long,
+}
+
 /// One task's loop: take a random item's lock, read the stock, think, write it minus one, release.
 /// Even tasks run the work under `until_lost` (careful), odd ones do not (naive: a pause between the
 /// read and the write sends a stale write, which fencing must reject).
 async fn sell(
     settings: Settings,
     task: u32,
+    pace: Pace,
     mut rng: Rng,
     locks: Arc<Locks>,
     store: fred::clients::Client,
@@ -178,6 +195,12 @@ async fn sell(
     };
     let valid_ns = |guard: &relock::LockGuard| guard.validity().as_nanos() as u64;
     while !stop.load(Ordering::Relaxed) {
+        if pace == Pace::Long {
+            tokio::time::sleep(rng.between(Duration::from_secs(1), Duration::from_secs(3))).await;
+            if stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
         let item = rng.below(u64::from(settings.items)) as u32;
         let guard = match names[item as usize]
             .try_acquire_for(settings.lease + Duration::from_secs(1))
@@ -210,38 +233,51 @@ async fn sell(
                 valid_ns: valid_ns(&guard),
             },
         );
-        let think = Duration::from_micros(rng.below(settings.think.as_micros() as u64 + 1));
+        let (hold, think) = match pace {
+            Pace::Short => (Duration::ZERO, (Duration::ZERO, settings.think)),
+            Pace::Long => (
+                rng.between(Duration::from_secs(1), Duration::from_secs(3)),
+                (Duration::from_millis(100), Duration::from_millis(400)),
+            ),
+        };
+        let thinks: Vec<Duration> = (0..64).map(|_| rng.between(think.0, think.1)).collect();
         let token = guard.fencing_token();
         let work = async {
-            let t = now_ns();
-            let valid = valid_ns(&guard);
-            let read = store::read(&store, item, token).await;
-            emit(
-                item,
-                t,
-                Kind::Read {
-                    valid_ns: valid,
-                    store: read,
-                },
-            );
-            let Store::Accepted { value, .. } = read else {
-                return;
-            };
-            if value <= 0 {
-                return; // sold out
+            let until = tokio::time::Instant::now() + hold;
+            for think in thinks {
+                let t = now_ns();
+                let valid = valid_ns(&guard);
+                let read = store::read(&store, item, token).await;
+                emit(
+                    item,
+                    t,
+                    Kind::Read {
+                        valid_ns: valid,
+                        store: read,
+                    },
+                );
+                let Store::Accepted { value, .. } = read else {
+                    return;
+                };
+                if value <= 0 {
+                    return; // sold out
+                }
+                tokio::time::sleep(think).await;
+                let t = now_ns();
+                let valid = valid_ns(&guard);
+                let written = store::write(&store, item, token, value - 1).await;
+                emit(
+                    item,
+                    t,
+                    Kind::Write {
+                        valid_ns: valid,
+                        store: written,
+                    },
+                );
+                if tokio::time::Instant::now() >= until {
+                    return;
+                }
             }
-            tokio::time::sleep(think).await;
-            let t = now_ns();
-            let valid = valid_ns(&guard);
-            let written = store::write(&store, item, token, value - 1).await;
-            emit(
-                item,
-                t,
-                Kind::Write {
-                    valid_ns: valid,
-                    store: written,
-                },
-            );
         };
         if careful {
             if guard.until_lost(work).await.is_err() {
