@@ -22,7 +22,8 @@ local function acquire(lock, fence, owner, lease, target)
     -- The next token is above the counter and never below the server's clock in microseconds. The
     -- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
     -- without persistence, or a replica promoted before it received them (asynchronous replication).
-    -- It holds as long as the clock did not step back by more than the time since the last token.
+    -- It holds as long as this server's clock is not behind the one that drew the last token (the
+    -- old primary's, after a failover) by more than the time since.
     local t = redis.call('TIME')
     local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
     token = math.max(tonumber(redis.call('GET', fence) or '0') + 1, now)

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use crate::Error;
 
-/// The shortest lease accepted. A lease must leave room for the drift allowance
-/// (`lease × clock_drift_factor + 2 ms`) and a round trip, or it could never be granted.
+/// The shortest lease accepted: a chosen floor. The drift allowance (`lease × clock_drift_factor +
+/// 2 ms`) leaves a lease of 2 ms or less no validity at all, so it could never be granted, and a few
+/// ms more would leave less than a round trip on a loaded network.
 pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// The shortest command or node timeout accepted.
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);

@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
@@ -106,6 +106,8 @@ pub(crate) struct Core {
     longest_lease_ms: AtomicU64,
     /// Whether the command clients are ours to quit on shutdown.
     owns_clients: bool,
+    /// Undos of unknown outcomes still being retried, by hold (with how many are in flight).
+    undos: Mutex<HashMap<HoldKey, (Arc<LockKeys>, usize)>>,
 }
 
 /// A hold is found by its lock key and owner id.
@@ -141,6 +143,7 @@ impl Core {
             closed: AtomicBool::new(false),
             longest_lease_ms: AtomicU64::new(0),
             owns_clients,
+            undos: Mutex::new(HashMap::new()),
         });
         tokio::spawn(crate::watchdog::run(Arc::downgrade(&core)));
         tokio::spawn(run_jobs(rx));
@@ -362,48 +365,51 @@ impl Core {
                 Err(Error::NotHeld)
             }
             Err(err) => {
-                tracing::warn!(lock = %hold.keys.name, %err, "release failed; the lease will run out");
+                tracing::warn!(lock = %hold.keys.name, %err, "release failed; retrying in the background");
                 Err(err)
             }
         }
     }
 
-    /// Sets Redis to the local count of the hold (0 if it holds nothing). An attempt that reaches no
-    /// node (the connection is down) is retried, with backoff, until whatever it would remove has run
-    /// out by itself: otherwise a grant whose reply was lost would block everyone for a whole lease.
-    /// Each try recomputes the target under the hold's lock, so a try at any moment is correct.
-    async fn resync(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) {
-        let give_up = Instant::now() + self.longest_lease();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let outcome = {
-                let (hold, _ops) = self.lock_hold(keys, owner).await;
-                let target = {
-                    let st = hold.state.lock();
-                    if st.active() {
-                        st.count
-                    } else {
-                        0
-                    }
-                };
-                let outcome = quorum::release(self, keys, owner, target).await;
-                if target == 0 {
-                    self.retire_if_idle(&hold);
-                }
-                outcome
-            };
-            match outcome {
-                Ok(_) => return,
-                Err(err) if !self.is_closed() && Instant::now() + backoff < give_up => {
-                    tracing::debug!(lock = %keys.name, %err, ?backoff, "undo failed; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                }
-                Err(err) => {
-                    tracing::warn!(lock = %keys.name, %err, "could not undo an interrupted acquisition or release; its lease will run out");
-                    return;
-                }
+    /// One try at setting the nodes in `pending` to the hold's local count (0 if it holds nothing);
+    /// returns the nodes that did not answer. The target is read under the hold's lock, so a try at
+    /// any moment is correct, even after the same owner acquired again.
+    async fn resync_once(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, pending: &[usize]) -> Vec<usize> {
+        let (hold, _ops) = self.lock_hold(keys, owner).await;
+        let target = {
+            let st = hold.state.lock();
+            if st.active() {
+                st.count
+            } else {
+                0
             }
+        };
+        let timeout = self.quorum.node_timeout;
+        let tries = pending.iter().map(|&i| async move {
+            let outcome = tokio::time::timeout(timeout, self.nodes[i].release(keys, owner, target)).await;
+            // A key of another type will not change by waiting: only silence is worth a retry.
+            let answered = matches!(outcome, Ok(Ok(_) | Err(Error::WrongType(_))));
+            (!answered).then_some(i)
+        });
+        let silent = futures::future::join_all(tries)
+            .await
+            .into_iter()
+            .flatten()
+            .collect();
+        if target == 0 {
+            self.retire_if_idle(&hold);
+        }
+        silent
+    }
+
+    /// Counts an undo in flight, so that `shutdown` can finish it (`+1`) or forgets it (`-1`).
+    fn track_undo(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, delta: isize) {
+        let mut undos = self.undos.lock();
+        let key = (keys.lock.clone(), owner.clone());
+        let entry = undos.entry(key.clone()).or_insert_with(|| (keys.clone(), 0));
+        entry.1 = entry.1.saturating_add_signed(delta);
+        if entry.1 == 0 {
+            undos.remove(&key);
         }
     }
 
@@ -428,6 +434,17 @@ impl Core {
             self.retire_if_idle(hold);
         });
         futures::future::join_all(releases).await;
+        // Undos still retrying in the background stop at shutdown: finish them here.
+        let undos: Vec<_> = self
+            .undos
+            .lock()
+            .iter()
+            .map(|((_, owner), (keys, _))| (keys.clone(), owner.clone()))
+            .collect();
+        let undos = undos
+            .iter()
+            .map(|(keys, owner)| quorum::release(self, keys, owner, 0));
+        futures::future::join_all(undos).await;
         self.watchdog_kick.notify_one();
         for node in &self.nodes {
             node.waiters.wake_all();
@@ -477,7 +494,7 @@ async fn run_jobs(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
 }
 
 async fn run_job(core: Arc<Core>, job: Job) {
-    match job {
+    let undo = match job {
         Job::Release {
             hold,
             gen,
@@ -486,10 +503,7 @@ async fn run_job(core: Arc<Core>, job: Job) {
         } => {
             let result = core.release(&hold, gen, was_lost).await;
             // The release may or may not have landed: bring Redis in line once it answers again.
-            let unknown = matches!(
-                result,
-                Err(Error::Redis(_) | Error::Timeout(_) | Error::Quorum { .. })
-            );
+            let unknown = matches!(result, Err(Error::Redis(_) | Error::Timeout(_)));
             match reply {
                 Some(reply) => {
                     let _ = reply.send(result);
@@ -502,10 +516,44 @@ async fn run_job(core: Arc<Core>, job: Job) {
                     }
                 }
             }
-            if unknown {
-                core.resync(&hold.keys, &hold.owner).await;
-            }
+            unknown.then(|| (hold.keys.clone(), hold.owner.clone()))
         }
-        Job::Resync { keys, owner } => core.resync(&keys, &owner).await,
+        Job::Resync { keys, owner } => Some((keys, owner)),
+    };
+    if let Some((keys, owner)) = undo {
+        resync(Arc::downgrade(&core), keys, owner).await;
+    }
+}
+
+/// Brings Redis back to the local count of a hold after an operation whose outcome is unknown (a
+/// grant whose reply was lost, a release that failed). Nodes that do not answer are tried again,
+/// with backoff, until whatever the operation may have left there has run out by itself: otherwise
+/// a lost reply would block everyone for a whole lease. Between tries it keeps no client alive, and
+/// a shutdown finishes what is left.
+async fn resync(core: Weak<Core>, keys: Arc<LockKeys>, owner: Arc<str>) {
+    let Some(strong) = core.upgrade() else { return };
+    let give_up = Instant::now() + strong.longest_lease();
+    let mut pending: Vec<usize> = (0..strong.nodes.len()).collect();
+    strong.track_undo(&keys, &owner, 1);
+    drop(strong);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let Some(core) = core.upgrade() else { return };
+        if core.is_closed() {
+            return; // shutdown releases what is tracked
+        }
+        pending = core.resync_once(&keys, &owner, &pending).await;
+        let done = pending.is_empty();
+        if done || Instant::now() + backoff >= give_up {
+            if !done {
+                tracing::warn!(lock = %keys.name, silent = pending.len(), "could not undo an interrupted acquisition or release; its lease will run out");
+            }
+            core.track_undo(&keys, &owner, -1);
+            return;
+        }
+        tracing::debug!(lock = %keys.name, silent = pending.len(), ?backoff, "undo not answered; retrying");
+        drop(core);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
     }
 }

@@ -33,8 +33,9 @@
 //! - **Fencing tokens** strictly increase across successive holders of a name. The counter is never
 //!   reset, and every new token is also at least the server's clock in microseconds, so tokens keep
 //!   rising when the counter lost its latest increments (a Redis without persistence restarted, a
-//!   replica promoted before it had them), as long as the clock did not step back by more than the
-//!   time since the last token.
+//!   replica promoted before it had them), as long as the clock that draws the next token (the new
+//!   primary's, after a failover) is not behind the one that drew the last by more than the time
+//!   since.
 //! - **One Redis** is a single point of failure, and a replica promoted after an asynchronous failover
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 

@@ -385,3 +385,55 @@ async fn a_connection_cut_mid_script_is_an_error_and_the_grant_is_undone() {
     assert!(guard.is_some(), "the lock is free again");
     other.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let mut proxies = Vec::new();
+    for server in &servers {
+        proxies.push(Proxy::start(server.port()).await);
+    }
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let lock_config = LockConfig::default().watchdog_timeout(Duration::from_secs(20));
+    // Restarts are not what this is about; keep every master voting.
+    let quorum = QuorumConfig::default()
+        .node_timeout(Duration::from_millis(300))
+        .restart_quarantine(false)
+        .lock_config(lock_config);
+    let multi = MultiLock::connect_with(&urls, quorum).await.unwrap();
+
+    let name = unique_name("undo");
+    for proxy in &proxies {
+        proxy.cut_replies(true);
+    }
+    assert!(
+        multi.lock(&name).acquire().await.is_err(),
+        "granted without a reply"
+    );
+    assert!(
+        servers.iter().all(|s| s.exists(&lock_key(&name))),
+        "the grants did not land"
+    );
+    // One master answers the undo at once; the other two, a majority, stay silent for a while.
+    proxies[0].cut_replies(false);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    proxies[1].cut_replies(false);
+    proxies[2].cut_replies(false);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while servers.iter().any(|s| s.exists(&lock_key(&name))) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left: Vec<usize> = (0..3).filter(|&i| servers[i].exists(&lock_key(&name))).collect();
+    assert!(
+        left.is_empty(),
+        "masters {left:?} kept the lost grant for its lease"
+    );
+    let guard = multi
+        .lock(&name)
+        .try_acquire_for(Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(guard.is_some(), "the lock is free again");
+}

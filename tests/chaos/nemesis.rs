@@ -45,30 +45,24 @@ impl Fault {
         }
     }
 
-    fn menu(topology: Topology) -> &'static [Fault] {
+    /// Every fault of a topology: the way it loses data (a restart, or a failover), and the rest.
+    fn menu(topology: Topology) -> Vec<Fault> {
         use Fault::*;
-        match topology {
-            Topology::Replicated => &[
-                Failover,
-                PauseServers,
-                KillHolder,
-                StopHolder,
-                ScriptFlush,
-                Latency,
-                DropConnections,
-                Partition,
-            ],
-            _ => &[
-                RestartServers,
-                PauseServers,
-                KillHolder,
-                StopHolder,
-                ScriptFlush,
-                Latency,
-                DropConnections,
-                Partition,
-            ],
-        }
+        let loses_data = if topology == Topology::Replicated {
+            Failover
+        } else {
+            RestartServers
+        };
+        let common = [
+            PauseServers,
+            KillHolder,
+            StopHolder,
+            ScriptFlush,
+            Latency,
+            DropConnections,
+            Partition,
+        ];
+        std::iter::once(loses_data).chain(common).collect()
     }
 }
 
