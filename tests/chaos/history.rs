@@ -286,10 +286,14 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
     };
     for ev in events {
         let key = (ev.worker, ev.task);
-        // A validity of zero claims nothing: the lease was over when the step began.
+        // A positive validity says the lease holds until `t + validity`; a validity of zero says the
+        // library had given the lease up by `t` (ran out, or found lost early): the section's valid
+        // part ends there, whatever earlier claims promised.
         let claim = |s: &mut Section, valid_ns: u64| {
             if valid_ns > 0 {
                 s.valid_end = s.valid_end.max(ev.t + valid_ns);
+            } else {
+                s.valid_end = s.valid_end.min(ev.t);
             }
         };
         match &ev.kind {
@@ -691,4 +695,55 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
         },
     );
     assert_eq!(report.token_regressions, 1, "{report}");
+
+    // A holder whose library reported the lease gone (validity 0) before its promised end is no
+    // longer valid: a successor after that is an expired overlap, not a valid one.
+    let given_up = vec![
+        ev(
+            1,
+            0,
+            Kind::Grant {
+                token: 5,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(
+            1,
+            100 * ms,
+            Kind::Read {
+                valid_ns: 900 * ms,
+                store: ok(1, 10),
+            },
+        ),
+        ev(
+            1,
+            200 * ms,
+            Kind::Write {
+                valid_ns: 0,
+                store: ok(2, 9),
+            },
+        ),
+        ev(
+            2,
+            300 * ms,
+            Kind::Grant {
+                token: 6,
+                valid_ns: 1000 * ms,
+            },
+        ),
+        ev(2, 310 * ms, Kind::Release("ok".into())),
+        ev(1, 400 * ms, Kind::Release("notheld".into())),
+    ];
+    let harness = Harness {
+        end: 500 * ms,
+        initial_stock: 10,
+        final_stock: [(0, (9, 1))].into(),
+        ..Harness::default()
+    };
+    let report = check(&given_up, &harness);
+    assert_eq!(
+        (report.valid_overlaps, report.expired_overlaps),
+        (0, 1),
+        "{report}"
+    );
 }
