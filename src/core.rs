@@ -52,6 +52,15 @@ impl HoldState {
     pub(crate) fn active(&self) -> bool {
         self.count > 0 && !*self.lost.borrow()
     }
+
+    /// The count Redis should hold for this owner: the local count while active, else nothing.
+    fn redis_count(&self) -> u32 {
+        if self.active() {
+            self.count
+        } else {
+            0
+        }
+    }
 }
 
 pub(crate) struct Hold {
@@ -337,11 +346,7 @@ impl Core {
                 // An earlier release already brought Redis to zero.
                 return if was_lost { Err(Error::NotHeld) } else { Ok(()) };
             }
-            if st.active() {
-                st.count
-            } else {
-                0
-            }
+            st.redis_count()
         };
         // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
         let outcome = quorum::release(self, &hold.keys, &hold.owner, target).await;
@@ -376,14 +381,7 @@ impl Core {
     /// any moment is correct, even after the same owner acquired again.
     async fn resync_once(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, pending: &[usize]) -> Vec<usize> {
         let (hold, _ops) = self.lock_hold(keys, owner).await;
-        let target = {
-            let st = hold.state.lock();
-            if st.active() {
-                st.count
-            } else {
-                0
-            }
-        };
+        let target = hold.state.lock().redis_count();
         let timeout = self.quorum.node_timeout;
         let tries = pending.iter().map(|&i| async move {
             let outcome = tokio::time::timeout(timeout, self.nodes[i].release(keys, owner, target)).await;

@@ -13,7 +13,7 @@ use relock::{
     MIN_LEASE, MIN_TIMEOUT,
 };
 use support::proxy::Proxy;
-use support::{unique_name, RedisServer};
+use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -230,10 +230,6 @@ fn any_config_works_or_is_a_typed_error_before_any_io() {
     });
 }
 
-fn lock_key(name: &str) -> String {
-    format!("relock:{{{name}}}")
-}
-
 fn config() -> LockConfig {
     LockConfig::default()
         .watchdog_timeout(Duration::from_secs(2))
@@ -368,10 +364,7 @@ async fn a_connection_cut_mid_script_is_an_error_and_the_grant_is_undone() {
     // outcome fails, and must be tried again rather than leave the grant for its whole lease.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     proxy.cut_replies(false);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while server.exists(&lock_key(&name)) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(10), || !server.exists(&lock_key(&name))).await;
     assert!(
         !server.exists(&lock_key(&name)),
         "the orphaned grant was left for its lease"
@@ -421,10 +414,10 @@ async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
     proxies[1].cut_replies(false);
     proxies[2].cut_replies(false);
 
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while servers.iter().any(|s| s.exists(&lock_key(&name))) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(Duration::from_secs(10), || {
+        servers.iter().all(|s| !s.exists(&lock_key(&name)))
+    })
+    .await;
     let left: Vec<usize> = (0..3).filter(|&i| servers[i].exists(&lock_key(&name))).collect();
     assert!(
         left.is_empty(),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, LockGuard, Owner};
-use support::{unique_name, RedisServer};
+use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
 fn fast_config() -> LockConfig {
@@ -22,22 +22,6 @@ async fn client(server: &RedisServer) -> LockClient {
     LockClient::connect_with(&server.url(), fast_config())
         .await
         .expect("connect")
-}
-
-fn lock_key(name: &str) -> String {
-    format!("relock:{{{name}}}")
-}
-
-/// Waits (without asserting a tight time) until `check` holds; false after `limit`.
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    check()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, MultiLock, QuorumConfig};
-use support::{unique_name, RedisServer};
+use support::{lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
 fn lock_config() -> LockConfig {
@@ -34,10 +34,6 @@ async fn multi(servers: &[RedisServer]) -> MultiLock {
     MultiLock::connect_with(&urls, quorum_config())
         .await
         .expect("connect")
-}
-
-fn lock_key(name: &str) -> String {
-    format!("relock:{{{name}}}")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -312,6 +312,23 @@ fn free_port() -> u16 {
         .expect("free port")
 }
 
+/// The Redis key of the lock `name` under the default prefix.
+pub fn lock_key(name: &str) -> String {
+    format!("relock:{{{name}}}")
+}
+
+/// Waits (without asserting a tight time) until `check` holds; false after `limit`.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    check()
+}
+
 /// A name no other test (in this process or another) uses.
 pub fn unique_name(prefix: &str) -> String {
     let nanos = SystemTime::now()
