@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use fred::clients::Client;
+use fred::clients::{Client, WithOptions};
 use fred::types::{Key, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -49,7 +49,8 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    pub(crate) fn start(client: Client) -> Batcher {
+    /// Starts the batcher task of a node on its command client (with relock's per-command options).
+    pub(crate) fn start(client: WithOptions<Client>) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(run(client, rx));
         Batcher { tx }
@@ -63,7 +64,7 @@ impl Batcher {
     }
 }
 
-async fn run(client: Client, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
+async fn run(client: WithOptions<Client>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
     let mut in_flight = FuturesUnordered::new();
     let mut queue: VecDeque<(Op, Reply)> = VecDeque::new();
     let mut open = true;
@@ -78,6 +79,9 @@ async fn run(client: Client, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
         while let Ok(op) = rx.try_recv() {
             queue.push_back(op);
         }
+        // An operation whose caller is gone (its wait ran out) is not sent: nobody would learn its
+        // outcome, and every caller undoes what it may have left.
+        queue.retain(|(_, reply)| !reply.is_closed());
         while in_flight.len() < MAX_IN_FLIGHT && !queue.is_empty() {
             let batch: Vec<_> = queue.drain(..queue.len().min(MAX_BATCH)).collect();
             let mut call = Box::pin(call(client.clone(), batch));
@@ -90,7 +94,7 @@ async fn run(client: Client, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
     }
 }
 
-async fn call(client: Client, mut batch: Vec<(Op, Reply)>) {
+async fn call(client: WithOptions<Client>, mut batch: Vec<(Op, Reply)>) {
     let mut keys = Vec::with_capacity(batch.len() * 2);
     let mut args = Vec::with_capacity(1 + batch.len() * 4);
     args.push(Value::from(batch.len() as i64));

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
 use crate::lock::Lock;
-use crate::node::Node;
+use crate::node::{EvictionCheck, Node};
 use crate::Error;
 
 /// A connection to one Redis server that hands out [`Lock`]s.
@@ -52,8 +52,11 @@ impl LockClient {
     }
 
     /// Builds a client on an existing fred client (which it connects if needed). A second connection,
-    /// for release messages, is made from the same configuration. For safety, configure it with
-    /// `max_command_attempts = 1` and a reconnect policy; relock's scripts tolerate resends anyway.
+    /// for release messages, is made from the same configuration. Whatever the fred client's own
+    /// settings, relock sends each of its requests once (per-command `max_attempts = 1`) and bounds
+    /// it by `command_timeout`. Give the client a reconnect policy, and `max_command_buffer_len`
+    /// bounds what it buffers while the server is away (requests that timed out are dropped from
+    /// that buffer only when it reconnects).
     pub async fn from_fred(client: fred::clients::Client, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
         use fred::interfaces::ClientLike;
@@ -65,12 +68,13 @@ impl LockClient {
                 "only a client of a single (centralized) server is supported".into(),
             ));
         }
-        LockClient::start(Node::from_client(client), config, false).await
+        let node = Node::from_client(client, config.get_command_timeout());
+        LockClient::start(node, config, false).await
     }
 
     async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
         let timeout = config.get_command_timeout();
-        node.init(timeout).await?;
+        node.init(EvictionCheck::of(&config), timeout).await?;
         // One server: its restart loses the locks whatever the quorum does, so nothing to quarantine.
         let quorum = QuorumConfig::default()
             .node_timeout(timeout)

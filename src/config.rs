@@ -10,6 +10,12 @@ use crate::Error;
 pub const MIN_LEASE: Duration = Duration::from_millis(10);
 /// The shortest command or node timeout accepted.
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+/// The shortest renew interval accepted: a third of [`MIN_LEASE`]. Shorter would renew nearly
+/// in a loop.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_nanos(3_333_333);
+/// The shortest retry delay accepted (after a split vote): below it, clients would retry nearly in a
+/// loop.
+pub const MIN_RETRY_DELAY: Duration = Duration::from_millis(1);
 /// The longest lease accepted (one day). Longer work keeps a short lease alive with the watchdog.
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 /// The longest lock name accepted, in bytes.
@@ -40,6 +46,7 @@ pub struct LockConfig {
     renew_interval: Option<Duration>,
     key_prefix: String,
     command_timeout: Duration,
+    strict_eviction: bool,
 }
 
 impl Default for LockConfig {
@@ -49,6 +56,7 @@ impl Default for LockConfig {
             renew_interval: None,
             key_prefix: "relock".to_string(),
             command_timeout: Duration::from_secs(5),
+            strict_eviction: false,
         }
     }
 }
@@ -61,8 +69,9 @@ impl LockConfig {
         self
     }
 
-    /// How often the watchdog renews the held locks. Default `watchdog_timeout / 3`; must be shorter
-    /// than `watchdog_timeout`.
+    /// How often the watchdog renews the held locks (and checks that fixed-lease holds are still
+    /// there). Default `watchdog_timeout / 3`; at least [`MIN_RENEW_INTERVAL`] and shorter than
+    /// `watchdog_timeout`.
     pub fn renew_interval(mut self, interval: Duration) -> Self {
         self.renew_interval = Some(interval);
         self
@@ -75,10 +84,26 @@ impl LockConfig {
     }
 
     /// How long one request to Redis may take before it fails with [`Error::Timeout`]. Default 5 s.
-    /// For a [`MultiLock`](crate::MultiLock), [`QuorumConfig::node_timeout`] applies instead.
+    /// It bounds connecting, and every attempt of a [`LockClient`](crate::LockClient). For a
+    /// [`MultiLock`](crate::MultiLock), [`QuorumConfig::node_timeout`] bounds its requests instead,
+    /// and this only its connecting.
     pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = timeout;
         self
+    }
+
+    /// Refuse to connect to a server whose `maxmemory-policy` is not `noeviction`. Lock keys carry a
+    /// TTL, so `volatile-*` policies evict them first (and `allkeys-*` as any key): an evicted lock is
+    /// a lock granted twice. By default such a server only draws a warning, when it has a
+    /// `maxmemory`. Default false.
+    pub fn strict_eviction(mut self, strict: bool) -> Self {
+        self.strict_eviction = strict;
+        self
+    }
+
+    /// Whether [`strict_eviction`](LockConfig::strict_eviction) is on.
+    pub fn get_strict_eviction(&self) -> bool {
+        self.strict_eviction
     }
 
     /// The configured watchdog lease.
@@ -105,8 +130,10 @@ impl LockConfig {
     pub fn validate(&self) -> Result<(), Error> {
         check_lease("watchdog_timeout", self.watchdog_timeout)?;
         let interval = self.get_renew_interval();
-        if interval.is_zero() {
-            return Err(Error::InvalidDuration("renew_interval must be above zero".into()));
+        if interval < MIN_RENEW_INTERVAL {
+            return Err(Error::InvalidDuration(format!(
+                "renew_interval must be at least {MIN_RENEW_INTERVAL:?}, got {interval:?}"
+            )));
         }
         if interval >= self.watchdog_timeout {
             return Err(Error::InvalidConfig(format!(
@@ -168,17 +195,20 @@ impl QuorumConfig {
     }
 
     /// The base of the random delay before retrying after a split vote: the delay is drawn from
-    /// `[retry_delay / 2, retry_delay * 3 / 2)`. Default 200 ms.
+    /// `[retry_delay / 2, retry_delay * 3 / 2)`. Default 200 ms; at least [`MIN_RETRY_DELAY`].
     pub fn retry_delay(mut self, delay: Duration) -> Self {
         self.retry_delay = delay;
         self
     }
 
-    /// The delayed restart of the Redlock page: a master seen to have restarted (a new `run_id`, so it
-    /// may have lost the locks it granted, unless it persists with `appendfsync always`) sits out of
-    /// every quorum for the longest lease (`watchdog_timeout`, or the longest fixed lease this
-    /// MultiLock granted), as does a master whose connection dropped until it is seen again.
-    /// This assumes no client uses longer leases than that. Default true.
+    /// The delayed restart of the Redlock page: a master that restarted (so it may have lost the locks
+    /// it granted, unless it persists with `appendfsync always`) sits out of every quorum until it has
+    /// been up for the longest lease (`watchdog_timeout`, or the longest fixed lease this MultiLock
+    /// granted). That is judged by its `uptime_in_seconds` when first seen, so a master that
+    /// restarted just before this MultiLock connected (or first reached it) sits out too, and by a new
+    /// `run_id` later; a master whose connection dropped sits out until it is seen again. So masters
+    /// started moments ago do not vote at first. This assumes no client uses longer leases than that.
+    /// Default true.
     pub fn restart_quarantine(mut self, on: bool) -> Self {
         self.restart_quarantine = on;
         self
@@ -201,9 +231,9 @@ impl QuorumConfig {
                 self.clock_drift_factor
             )));
         }
-        if self.retry_delay.is_zero() || self.retry_delay > MAX_LEASE {
+        if self.retry_delay < MIN_RETRY_DELAY || self.retry_delay > MAX_LEASE {
             return Err(Error::InvalidDuration(format!(
-                "retry_delay must be above zero and at most {MAX_LEASE:?}, got {:?}",
+                "retry_delay must be between {MIN_RETRY_DELAY:?} and {MAX_LEASE:?}, got {:?}",
                 self.retry_delay
             )));
         }

@@ -6,6 +6,11 @@
 //! Redis to the local value (never increments it), so Redis follows the local state even when a reply
 //! is lost. A *generation* is one uninterrupted possession: a fresh grant starts one, a loss ends it,
 //! and guards of an ended generation release nothing.
+//!
+//! In Redis, a hold is the field `owner:generation` of the lock hash. Naming the generation means
+//! that a late request of an ended generation (a renewal, a release or an undo still in flight)
+//! finds nothing of its own and changes nothing: it can never extend, free or shorten a later hold
+//! of the same owner.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -46,6 +51,8 @@ pub(crate) struct HoldState {
     pub(crate) lost: Arc<watch::Sender<bool>>,
     /// Removed from the registry; whoever still has it must look the hold up again.
     pub(crate) retired: bool,
+    /// The Redis field of this generation (owner id and generation).
+    pub(crate) field: Arc<str>,
 }
 
 impl HoldState {
@@ -53,9 +60,10 @@ impl HoldState {
         self.count > 0 && !*self.lost.borrow()
     }
 
-    /// The count Redis should hold for this owner: the local count while active, else nothing.
-    fn redis_count(&self) -> u32 {
-        if self.active() {
+    /// The count Redis should hold for generation `gen`: the local count while it is the active
+    /// one, else nothing.
+    fn redis_count(&self, gen: u64) -> u32 {
+        if self.gen == gen && self.active() {
             self.count
         } else {
             0
@@ -70,17 +78,6 @@ pub(crate) struct Hold {
     pub(crate) state: Mutex<HoldState>,
 }
 
-impl Hold {
-    /// Ends generation `gen` as lost, once, with a warning naming the lock.
-    pub(crate) fn mark_lost(&self, gen: u64, reason: &str) {
-        let st = self.state.lock();
-        if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
-            st.lost.send_replace(true);
-            tracing::warn!(lock = %self.keys.name, owner = %self.owner, reason, "lock lost");
-        }
-    }
-}
-
 /// Work for the background releaser.
 pub(crate) enum Job {
     /// Bring Redis in line after a guard of generation `gen` went (its level is already taken off
@@ -88,12 +85,25 @@ pub(crate) enum Job {
     Release {
         hold: Arc<Hold>,
         gen: u64,
+        field: Arc<str>,
         was_lost: bool,
+        /// The hold's operations lock, when it could be taken at once as the guard went: the same
+        /// owner's next acquisition then queues behind this release instead of racing it.
+        ops: Option<OwnedMutexGuard<()>>,
         reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
-    /// Bring Redis back in line with the local count of a hold after an acquisition whose outcome is
-    /// unknown (cancelled, timed out).
-    Resync { keys: Arc<LockKeys>, owner: Arc<str> },
+    /// Bring Redis back in line with the local count of generation `gen` (`field`) of a hold after
+    /// an operation whose outcome is unknown (cancelled, timed out), or remove what is left of a
+    /// lost one.
+    Resync(Resync),
+}
+
+/// One hold generation to bring in line, on some nodes.
+pub(crate) struct Resync {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) field: Arc<str>,
+    pub(crate) gen: u64,
 }
 
 /// The outcome of one attempt.
@@ -115,11 +125,12 @@ pub(crate) struct Core {
     longest_lease_ms: AtomicU64,
     /// Whether the command clients are ours to quit on shutdown.
     owns_clients: bool,
-    /// Undos of unknown outcomes still being retried, by hold (with how many are in flight).
+    /// Undos of unknown outcomes still being retried, by lock and field (with how many are in
+    /// flight).
     undos: Mutex<HashMap<HoldKey, (Arc<LockKeys>, usize)>>,
 }
 
-/// A hold is found by its lock key and owner id.
+/// A hold is found by its lock key and owner id (an undo by its lock key and field).
 type HoldKey = (Arc<str>, Arc<str>);
 
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
@@ -159,6 +170,14 @@ impl Core {
         core
     }
 
+    /// The bound of one attempt: a round, plus for several masters the writing of the fence (an
+    /// undo after a failed round is left to the background past it). A little above the node
+    /// timeout, so that the requests' own timeouts, which say more, come first.
+    pub(crate) fn attempt_bound(&self) -> Duration {
+        let phases = if self.nodes.len() == 1 { 1 } else { 2 };
+        self.quorum.node_timeout * phases + Duration::from_millis(10)
+    }
+
     pub(crate) fn needed(&self) -> usize {
         quorum::majority(self.nodes.len())
     }
@@ -166,6 +185,49 @@ impl Core {
     /// How long a master seen restarted is kept out of quorums; `None` when that rule is off.
     pub(crate) fn quarantine(&self) -> Option<Duration> {
         self.quorum.restart_quarantine.then(|| self.longest_lease())
+    }
+
+    /// Which nodes may vote now: not in restart quarantine, and not the same server as an earlier
+    /// node (one server under two names would be two votes).
+    pub(crate) fn voters(&self) -> Vec<bool> {
+        let quarantine = self.quarantine();
+        let mut seen: Vec<String> = Vec::new();
+        self.nodes
+            .iter()
+            .map(|node| {
+                if quarantine.is_some_and(|q| !node.may_vote(q)) {
+                    return false;
+                }
+                let Some(run_id) = node.run_id() else {
+                    return self.nodes.len() == 1;
+                };
+                if seen.contains(&run_id) {
+                    tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
+                    return false;
+                }
+                seen.push(run_id);
+                true
+            })
+            .collect()
+    }
+
+    /// Ends generation `gen` of `hold` as lost, once, with a warning naming the lock; whatever is
+    /// left of it in Redis is removed in the background.
+    pub(crate) fn mark_lost(self: &Arc<Self>, hold: &Hold, gen: u64, reason: &str) {
+        let st = hold.state.lock();
+        if st.gen != gen || st.count == 0 || *st.lost.borrow() {
+            return;
+        }
+        st.lost.send_replace(true);
+        tracing::warn!(lock = %hold.keys.name, owner = %hold.owner, reason, "lock lost");
+        let resync = Resync {
+            keys: hold.keys.clone(),
+            owner: hold.owner.clone(),
+            field: st.field.clone(),
+            gen,
+        };
+        drop(st);
+        self.enqueue(Job::Resync(resync));
     }
 
     /// The longest lease this client may have left in Redis: `watchdog_timeout`, or longer fixed ones.
@@ -201,6 +263,7 @@ impl Core {
                         deadline: Instant::now(),
                         lost: Arc::new(watch::channel(true).0),
                         retired: false,
+                        field: owner.clone(),
                     }),
                 })
             })
@@ -232,22 +295,39 @@ impl Core {
         }
     }
 
-    /// One acquisition attempt: a single round over the nodes.
+    /// One acquisition attempt: a single round over the nodes (two when a reentrant acquisition
+    /// finds its hold lost, the second a fresh one).
+    ///
+    /// Bounded: the wait for the same owner's operation in flight on this hold by `until` (the
+    /// caller's bound, if any; that operation has its own bound), and each round by
+    /// [`attempt_bound`](Core::attempt_bound) and `until`, whichever comes first. A round cut short
+    /// is undone in the background.
     pub(crate) async fn attempt(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         owner: &Arc<str>,
         mode: LeaseMode,
+        until: Option<Instant>,
     ) -> Result<Attempt, Error> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
         loop {
-            let (hold, _ops) = self.lock_hold(keys, owner).await;
-            let (target, reentry, lease) = {
+            let (hold, _ops) = match until {
+                Some(until) => tokio::time::timeout_at(until, self.lock_hold(keys, owner))
+                    .await
+                    .map_err(|_| Error::Timeout(Duration::ZERO))?,
+                None => self.lock_hold(keys, owner).await,
+            };
+            let start = Instant::now();
+            let bound = until.map_or(start + self.attempt_bound(), |u| {
+                u.min(start + self.attempt_bound())
+            });
+            // A reentrant acquisition joins the hold as it is, lease mode included.
+            let (target, gen, field, lease) = {
                 let st = hold.state.lock();
                 if st.active() {
-                    (st.count + 1, Some(st.gen), st.lease)
+                    (st.count + 1, st.gen, st.field.clone(), st.lease)
                 } else {
                     let lease = match mode {
                         LeaseMode::Watchdog => self.config.get_watchdog_timeout(),
@@ -257,64 +337,91 @@ impl Core {
                             lease
                         }
                     };
-                    (1, None, lease)
+                    let gen = GENERATIONS.fetch_add(1, Ordering::Relaxed);
+                    (1, gen, format!("{owner}:{gen}").into(), lease)
                 }
             };
+            let reentry = target > 1;
             // If this future is dropped mid-round, a grant may still land: the undo runs in the
             // background, after this round's commands on every connection.
             let mut undo = UndoOnDrop {
                 core: self,
-                keys,
-                owner,
-                armed: true,
+                resync: Some(Resync {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    field: field.clone(),
+                    gen,
+                }),
             };
-            let round = quorum::acquire(self, keys, owner, lease, target).await;
-            undo.armed = matches!(round, Err(_) | Ok(Round::Refused { stragglers: true, .. }));
+            let round = tokio::time::timeout_at(bound, quorum::acquire(self, keys, &field, lease, target))
+                .await
+                .unwrap_or_else(|_| Err(Error::Timeout(bound - start)));
+            if !matches!(round, Err(_) | Ok(Round::Refused { stragglers: true, .. })) {
+                undo.resync = None;
+            }
             drop(undo);
-            let (token, continuing, deadline) = match round? {
+            let (token, deadline) = match round? {
                 Round::Refused { ttl, split, .. } => {
-                    match reentry {
-                        // Someone else holds it: our hold ran out unnoticed.
-                        Some(gen) => hold.mark_lost(gen, "the lock was taken by another owner"),
-                        None => self.retire_if_idle(&hold),
-                    }
+                    self.retire_if_idle(&hold);
                     return Ok(Attempt::Refused { ttl, split });
                 }
-                Round::Granted {
-                    token,
-                    continuing,
-                    deadline,
-                } => (token, continuing, deadline),
+                Round::Lost => {
+                    // The hold ran out unnoticed: end it, remove what is left, start afresh.
+                    self.mark_lost(
+                        &hold,
+                        gen,
+                        "the lock was found released or taken when re-entering it",
+                    );
+                    let _ = quorum::release(self, keys, &field, 0).await;
+                    continue;
+                }
+                Round::Granted { token, deadline } => (token, deadline),
             };
-            let stale = {
+            // Decided under the hold's lock; the guard of that lock must not live across an await.
+            let granted = {
                 let mut st = hold.state.lock();
-                match reentry {
-                    Some(gen) if st.gen == gen && st.active() && continuing => {
+                if reentry {
+                    if st.gen == gen && st.active() {
                         st.count += 1;
                         st.deadline = st.deadline.max(deadline);
-                        return Ok(Attempt::Granted(LockGuard::new(self.clone(), hold.clone(), &st)));
+                        Some(LockGuard::new(self.clone(), hold.clone(), &st))
+                    } else {
+                        None // lost while the round ran; its cleanup takes our level too
                     }
-                    Some(gen) => gen,
-                    None => {
-                        st.gen = GENERATIONS.fetch_add(1, Ordering::Relaxed);
-                        st.count = 1;
-                        st.token = token;
-                        st.lease = lease;
-                        st.watchdog = mode == LeaseMode::Watchdog;
-                        st.deadline = deadline;
-                        st.lost = Arc::new(watch::channel(false).0);
-                        let guard = LockGuard::new(self.clone(), hold.clone(), &st);
-                        // The watchdog may have to wake earlier for this lease.
-                        self.watchdog_kick.notify_one();
-                        tracing::debug!(lock = %keys.name, owner = %owner, token, "lock acquired");
-                        return Ok(Attempt::Granted(guard));
+                } else {
+                    st.gen = gen;
+                    st.field = field.clone();
+                    st.count = 1;
+                    st.token = token;
+                    st.lease = lease;
+                    st.watchdog = mode == LeaseMode::Watchdog;
+                    st.deadline = deadline;
+                    st.lost = Arc::new(watch::channel(false).0);
+                    if self.is_closed() {
+                        // Shut down during the round, perhaps after its snapshot of the holds.
+                        st.count = 0;
+                        st.lost.send_replace(true);
+                        None
+                    } else {
+                        Some(LockGuard::new(self.clone(), hold.clone(), &st))
                     }
                 }
             };
-            // The hold had run out without our noticing: this grant is not a continuation. End the
-            // old generation, undo the grant, and start afresh.
-            hold.mark_lost(stale, "the lock was found released when re-entering it");
-            let _ = quorum::release(self, keys, owner, 0).await;
+            let Some(guard) = granted else {
+                if reentry {
+                    continue;
+                }
+                // Given back: the client was shut down.
+                let _ = quorum::release(self, keys, &field, 0).await;
+                self.retire_if_idle(&hold);
+                return Err(Error::Shutdown);
+            };
+            if !reentry {
+                // The watchdog may have to wake earlier for this lease.
+                self.watchdog_kick.notify_one();
+                tracing::debug!(lock = %keys.name, owner = %owner, token, "lock acquired");
+            }
+            return Ok(Attempt::Granted(guard));
         }
     }
 
@@ -337,81 +444,93 @@ impl Core {
         Some(lost)
     }
 
-    /// Brings Redis to the hold's count after a guard of generation `gen` went (see `drop_level`).
-    async fn release(&self, hold: &Arc<Hold>, gen: u64, was_lost: bool) -> Result<(), Error> {
-        let _ops = hold.ops.clone().lock_owned().await;
-        let target = {
-            let st = hold.state.lock();
-            if st.retired {
-                // An earlier release already brought Redis to zero.
-                return if was_lost { Err(Error::NotHeld) } else { Ok(()) };
-            }
-            st.redis_count()
+    /// Brings Redis to the hold's count after a guard of generation `gen` went (see `drop_level`);
+    /// also returns the nodes that did not answer, for a retry in the background.
+    async fn release(
+        self: &Arc<Self>,
+        hold: &Arc<Hold>,
+        gen: u64,
+        field: &Arc<str>,
+        was_lost: bool,
+        ops: Option<OwnedMutexGuard<()>>,
+    ) -> (Result<(), Error>, Vec<usize>) {
+        let _ops = match ops {
+            Some(ops) => ops,
+            None => hold.ops.clone().lock_owned().await,
         };
+        // Sent even if the hold was retired meanwhile (say, by a refused attempt of the same owner
+        // that saw this generation's field still there): a repeat is harmless, a skip is not.
+        let target = hold.state.lock().redis_count(gen);
         // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
-        let outcome = quorum::release(self, &hold.keys, &hold.owner, target).await;
+        let outcome = quorum::release(self, &hold.keys, field, target).await;
         if target == 0 {
             // Only now: until the release is sent, the same owner's next acquisition must queue
             // behind it on this hold rather than race it from a new one.
             self.retire_if_idle(hold);
         }
+        let silent = outcome.silent.clone();
         if was_lost {
-            return Err(Error::NotHeld);
+            return (Err(Error::NotHeld), silent);
         }
-        match outcome {
+        let result = match outcome.outcome(self.needed(), self.nodes.len()) {
             Ok(true) => {
                 tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
                 Ok(())
             }
             Ok(false) => {
                 if target > 0 {
-                    hold.mark_lost(gen, "the lock was gone when releasing a nested hold");
+                    self.mark_lost(hold, gen, "the lock was gone when releasing a nested hold");
                 }
                 Err(Error::NotHeld)
             }
             Err(err) => {
-                tracing::warn!(lock = %hold.keys.name, %err, "release failed; retrying in the background");
+                tracing::warn!(lock = %hold.keys.name, %err, "release not confirmed; retrying in the background");
                 Err(err)
             }
-        }
+        };
+        (result, silent)
     }
 
-    /// One try at setting the nodes in `pending` to the hold's local count (0 if it holds nothing);
-    /// returns the nodes that did not answer. The target is read under the hold's lock, so a try at
-    /// any moment is correct, even after the same owner acquired again.
-    async fn resync_once(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, pending: &[usize]) -> Vec<usize> {
-        let (hold, _ops) = self.lock_hold(keys, owner).await;
-        let target = hold.state.lock().redis_count();
-        let timeout = self.quorum.node_timeout;
-        let tries = pending.iter().map(|&i| async move {
-            let outcome = tokio::time::timeout(timeout, self.nodes[i].release(keys, owner, target)).await;
-            // A key of another type will not change by waiting: only silence is worth a retry.
-            let answered = matches!(outcome, Ok(Ok(_) | Err(Error::WrongType(_))));
-            (!answered).then_some(i)
-        });
-        let silent = futures::future::join_all(tries)
-            .await
-            .into_iter()
-            .flatten()
-            .collect();
-        if target == 0 {
+    /// One try at setting generation `resync.gen` of a hold to its local count (0 if it is not the
+    /// active one) on the nodes in `pending`; returns the nodes that did not answer. The target is
+    /// read under the hold's lock, so a try at any moment is correct, even after the same owner
+    /// acquired again.
+    async fn resync_once(&self, resync: &Resync, pending: &[usize]) -> Vec<usize> {
+        let (hold, ops) = self.lock_hold(&resync.keys, &resync.owner).await;
+        let (target, current) = {
+            let st = hold.state.lock();
+            (st.redis_count(resync.gen), st.gen == resync.gen && st.active())
+        };
+        // Only the active generation's operations must stay in order with this one; an ended one's
+        // field is nobody's, so the owner's next acquisition need not wait for silent masters.
+        let _ops = if current {
+            Some(ops)
+        } else {
             self.retire_if_idle(&hold);
-        }
-        silent
+            drop(ops);
+            None
+        };
+        quorum::release_on(self, &resync.keys, &resync.field, target, pending)
+            .await
+            .silent
     }
 
     /// Counts an undo in flight, so that `shutdown` can finish it (`+1`) or forgets it (`-1`).
-    fn track_undo(&self, keys: &Arc<LockKeys>, owner: &Arc<str>, delta: isize) {
+    fn track_undo(&self, resync: &Resync, delta: isize) {
         let mut undos = self.undos.lock();
-        let key = (keys.lock.clone(), owner.clone());
-        let entry = undos.entry(key.clone()).or_insert_with(|| (keys.clone(), 0));
+        let key = (resync.keys.lock.clone(), resync.field.clone());
+        let entry = undos
+            .entry(key.clone())
+            .or_insert_with(|| (resync.keys.clone(), 0));
         entry.1 = entry.1.saturating_add_signed(delta);
         if entry.1 == 0 {
             undos.remove(&key);
         }
     }
 
-    /// Releases everything this client holds and stops its background work.
+    /// Releases everything this client holds and stops its background work. Bounded: the releases
+    /// get two node timeouts (what they do not finish expires with its lease), closing the
+    /// connections half a second more.
     pub(crate) async fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
@@ -419,30 +538,38 @@ impl Core {
         let holds = self.holds();
         let releases = holds.iter().map(|hold| async move {
             let _ops = hold.ops.clone().lock_owned().await;
-            let active = {
+            let field = {
                 let mut st = hold.state.lock();
                 let active = st.active();
                 st.count = 0;
                 st.lost.send_replace(true);
-                active
+                active.then(|| st.field.clone())
             };
-            if active {
-                let _ = quorum::release(self, &hold.keys, &hold.owner, 0).await;
+            if let Some(field) = field {
+                let _ = quorum::release(self, &hold.keys, &field, 0).await;
             }
             self.retire_if_idle(hold);
         });
-        futures::future::join_all(releases).await;
-        // Undos still retrying in the background stop at shutdown: finish them here.
-        let undos: Vec<_> = self
-            .undos
-            .lock()
-            .iter()
-            .map(|((_, owner), (keys, _))| (keys.clone(), owner.clone()))
-            .collect();
-        let undos = undos
-            .iter()
-            .map(|(keys, owner)| quorum::release(self, keys, owner, 0));
-        futures::future::join_all(undos).await;
+        let releases = async {
+            futures::future::join_all(releases).await;
+            // Undos still retrying in the background stop at shutdown: finish them here.
+            let undos: Vec<_> = self
+                .undos
+                .lock()
+                .iter()
+                .map(|((_, field), (keys, _))| (keys.clone(), field.clone()))
+                .collect();
+            let undos = undos
+                .iter()
+                .map(|(keys, field)| quorum::release(self, keys, field, 0));
+            futures::future::join_all(undos).await;
+        };
+        if tokio::time::timeout(self.quorum.node_timeout * 2, releases)
+            .await
+            .is_err()
+        {
+            tracing::warn!(client = %self.id, "shutdown: some releases did not finish; they expire with their leases");
+        }
         self.watchdog_kick.notify_one();
         for node in &self.nodes {
             node.waiters.wake_all();
@@ -454,22 +581,18 @@ impl Core {
     }
 }
 
+/// Undoes an attempt dropped mid-round (or whose outcome is unknown), in the background.
 struct UndoOnDrop<'a> {
     core: &'a Arc<Core>,
-    keys: &'a Arc<LockKeys>,
-    owner: &'a Arc<str>,
-    armed: bool,
+    resync: Option<Resync>,
 }
 
 impl Drop for UndoOnDrop<'_> {
     fn drop(&mut self) {
-        if self.armed {
-            let job = Job::Resync {
-                keys: self.keys.clone(),
-                owner: self.owner.clone(),
-            };
-            if !self.core.enqueue(job) {
-                tracing::warn!(lock = %self.keys.name, "runtime gone: an interrupted grant will expire with its lease");
+        if let Some(resync) = self.resync.take() {
+            let name = resync.keys.name.clone();
+            if !self.core.enqueue(Job::Resync(resync)) {
+                tracing::warn!(lock = %name, "runtime gone: an interrupted grant will expire with its lease");
             }
         }
     }
@@ -492,16 +615,16 @@ async fn run_jobs(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
 }
 
 async fn run_job(core: Arc<Core>, job: Job) {
-    let undo = match job {
+    let (resync, pending) = match job {
         Job::Release {
             hold,
             gen,
+            field,
             was_lost,
+            ops,
             reply,
         } => {
-            let result = core.release(&hold, gen, was_lost).await;
-            // The release may or may not have landed: bring Redis in line once it answers again.
-            let unknown = matches!(result, Err(Error::Redis(_) | Error::Timeout(_)));
+            let (result, silent) = core.release(&hold, gen, &field, was_lost, ops).await;
             match reply {
                 Some(reply) => {
                     let _ = reply.send(result);
@@ -514,25 +637,32 @@ async fn run_job(core: Arc<Core>, job: Job) {
                     }
                 }
             }
-            unknown.then(|| (hold.keys.clone(), hold.owner.clone()))
+            if silent.is_empty() {
+                return;
+            }
+            // The release may or may not have landed there: bring them in line once they answer.
+            let resync = Resync {
+                keys: hold.keys.clone(),
+                owner: hold.owner.clone(),
+                field,
+                gen,
+            };
+            (resync, silent)
         }
-        Job::Resync { keys, owner } => Some((keys, owner)),
+        Job::Resync(resync) => (resync, (0..core.nodes.len()).collect()),
     };
-    if let Some((keys, owner)) = undo {
-        resync(Arc::downgrade(&core), keys, owner).await;
-    }
+    resync_until_answered(Arc::downgrade(&core), resync, pending).await;
 }
 
-/// Brings Redis back to the local count of a hold after an operation whose outcome is unknown (a
-/// grant whose reply was lost, a release that failed). Nodes that do not answer are tried again,
-/// with backoff, until whatever the operation may have left there has run out by itself: otherwise
-/// a lost reply would block everyone for a whole lease. Between tries it keeps no client alive, and
-/// a shutdown finishes what is left.
-async fn resync(core: Weak<Core>, keys: Arc<LockKeys>, owner: Arc<str>) {
+/// Brings the nodes in `pending` in line with the local count of a hold generation after an
+/// operation whose outcome is unknown (a grant whose reply was lost, a release that failed).
+/// Nodes that do not answer are tried again, with backoff, until whatever the operation may have
+/// left there has run out by itself: otherwise a lost reply would block everyone for a whole
+/// lease. Between tries it keeps no client alive, and a shutdown finishes what is left.
+async fn resync_until_answered(core: Weak<Core>, resync: Resync, mut pending: Vec<usize>) {
     let Some(strong) = core.upgrade() else { return };
     let give_up = Instant::now() + strong.longest_lease();
-    let mut pending: Vec<usize> = (0..strong.nodes.len()).collect();
-    strong.track_undo(&keys, &owner, 1);
+    strong.track_undo(&resync, 1);
     drop(strong);
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -540,16 +670,16 @@ async fn resync(core: Weak<Core>, keys: Arc<LockKeys>, owner: Arc<str>) {
         if core.is_closed() {
             return; // shutdown releases what is tracked
         }
-        pending = core.resync_once(&keys, &owner, &pending).await;
+        pending = core.resync_once(&resync, &pending).await;
         let done = pending.is_empty();
         if done || Instant::now() + backoff >= give_up {
             if !done {
-                tracing::warn!(lock = %keys.name, silent = pending.len(), "could not undo an interrupted acquisition or release; its lease will run out");
+                tracing::warn!(lock = %resync.keys.name, silent = pending.len(), "could not undo an interrupted acquisition or release; its lease will run out");
             }
-            core.track_undo(&keys, &owner, -1);
+            core.track_undo(&resync, -1);
             return;
         }
-        tracing::debug!(lock = %keys.name, silent = pending.len(), ?backoff, "undo not answered; retrying");
+        tracing::debug!(lock = %resync.keys.name, silent = pending.len(), ?backoff, "undo not answered; retrying");
         drop(core);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(1));

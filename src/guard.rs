@@ -44,6 +44,8 @@ pub struct LockGuard {
     core: Arc<Core>,
     hold: Arc<Hold>,
     gen: u64,
+    /// The Redis field of the hold's generation.
+    field: Arc<str>,
     token: u64,
     hold_count: u32,
     lost: Arc<watch::Sender<bool>>,
@@ -56,6 +58,7 @@ impl LockGuard {
             core,
             hold,
             gen: st.gen,
+            field: st.field.clone(),
             token: st.token,
             hold_count: st.count,
             lost: st.lost.clone(),
@@ -136,6 +139,8 @@ impl LockGuard {
     /// Takes this guard's level off the hold at once and hands the Redis side to the releaser.
     /// False if the releaser is gone (its runtime shut down).
     fn enqueue_release(&self, reply: Option<oneshot::Sender<Result<(), Error>>>) -> bool {
+        // Taken before the level goes, so that no acquisition of the same owner slips in between.
+        let ops = self.hold.ops.clone().try_lock_owned().ok();
         let Some(was_lost) = self.core.drop_level(&self.hold, self.gen) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Err(Error::NotHeld));
@@ -145,7 +150,9 @@ impl LockGuard {
         let job = Job::Release {
             hold: self.hold.clone(),
             gen: self.gen,
+            field: self.field.clone(),
             was_lost,
+            ops,
             reply,
         };
         self.core.enqueue(job)

@@ -58,7 +58,10 @@ mod waiters;
 mod watchdog;
 
 pub use client::LockClient;
-pub use config::{LockConfig, QuorumConfig, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE, MIN_TIMEOUT};
+pub use config::{
+    LockConfig, QuorumConfig, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE, MIN_RENEW_INTERVAL,
+    MIN_RETRY_DELAY, MIN_TIMEOUT,
+};
 pub use error::Error;
 pub use guard::LockGuard;
 pub use lock::Lock;

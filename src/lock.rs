@@ -58,7 +58,8 @@ pub struct Lock {
 
 enum Wait {
     Once,
-    Until(Instant),
+    /// Until the instant; the wait asked for, for the error.
+    Until(Instant, Duration),
     Forever,
 }
 
@@ -97,38 +98,52 @@ impl Lock {
     /// Waits until the lock is held. Waiting costs no polling: the waiter is woken by the release
     /// message of the holder, or when the holder's lease would have run out, whichever comes first.
     ///
-    /// Cancel-safe: dropping the future at any point leaves no lock held and no subscription behind.
+    /// Fails at the first attempt that fails: with Redis down or silent, within one attempt's bound
+    /// (`command_timeout` for a [`LockClient`](crate::LockClient); two `node_timeout`s for a
+    /// [`MultiLock`](crate::MultiLock), the round and the fence).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future at any point leaves no lock held and no subscription behind, and a
+    /// release message it was woken by is passed on to the next waiter.
     pub async fn acquire(&self) -> Result<LockGuard, Error> {
         match self.acquire_with(Wait::Forever).await? {
             Some(guard) => Ok(guard),
-            None => unreachable!("an unbounded wait only ends with a guard or an error"),
+            None => Err(Error::Shutdown), // not reached: an unbounded wait ends with a guard or an error
         }
     }
 
-    /// One attempt, no waiting: `None` if another owner holds the lock.
+    /// One attempt, no waiting: `None` if another owner holds the lock. Returns within one attempt's
+    /// bound (see [`acquire`](Lock::acquire)), whatever the servers do.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Lock::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
         self.acquire_with(Wait::Once).await
     }
 
-    /// Waits at most `wait` for the lock: `None` if it is still held by another owner then.
+    /// Waits at most `wait` for the lock: `None` if it is still held by another owner then. Returns
+    /// within `wait` (plus scheduling delays), whatever the servers do: an attempt still in flight
+    /// then is abandoned and undone in the background, and if no attempt was ever answered, the
+    /// result is an error ([`Error::Timeout`], or that of the attempt), not `None`. So a wait
+    /// shorter than a round trip to Redis is a timeout: for one attempt, whatever it takes within
+    /// its own bound, use [`try_acquire`](Lock::try_acquire).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Lock::acquire).
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
         let until = Instant::now()
             .checked_add(wait)
             .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
-        self.acquire_with(Wait::Until(until)).await
+        self.acquire_with(Wait::Until(until, wait)).await
     }
 
-    /// Whether anyone holds the lock (on a majority of the masters).
+    /// Whether anyone holds the lock (on a majority of the masters). Within one node timeout.
     pub async fn is_locked(&self) -> Result<bool, Error> {
         check_name(&self.name)?;
-        let checks = self.core.nodes.iter().map(|node| {
-            let timeout = self.core.quorum.node_timeout;
-            async move {
-                tokio::time::timeout(timeout, node.is_locked(&self.keys))
-                    .await
-                    .unwrap_or(Err(Error::Timeout(timeout)))
-            }
-        });
+        let checks = self.core.nodes.iter().map(|node| node.is_locked(&self.keys));
         let mut locked = 0;
         let mut answered = 0;
         let mut error = None;
@@ -147,16 +162,17 @@ impl Lock {
         }
     }
 
-    /// Removes the lock whoever holds it (an administrative override; the holder's guard becomes lost
-    /// at its next renewal). The fencing counter is kept. `true` if a lock was removed.
+    /// Removes the lock whoever holds it, on every master that answers (an administrative
+    /// override). The fencing counter is kept. `true` if a lock was removed on at least one master.
+    /// Within one node timeout.
+    ///
+    /// The holder learns it at its watchdog's next round (within `renew_interval`, whatever its
+    /// lease mode): its guard then reports [`is_held`](LockGuard::is_held) false and
+    /// [`lost`](LockGuard::lost) completes. Until then it may still act on the lock, which is what
+    /// the fencing token is for.
     pub async fn force_unlock(&self) -> Result<bool, Error> {
         check_name(&self.name)?;
-        let timeout = self.core.quorum.node_timeout;
-        let removals = self.core.nodes.iter().map(|node| async move {
-            tokio::time::timeout(timeout, node.force_unlock(&self.keys))
-                .await
-                .unwrap_or(Err(Error::Timeout(timeout)))
-        });
+        let removals = self.core.nodes.iter().map(|node| node.force_unlock(&self.keys));
         let mut removed = false;
         let mut error = None;
         for result in futures::future::join_all(removals).await {
@@ -192,18 +208,41 @@ impl Lock {
         // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
         let mut subscriptions: Vec<Subscription> = Vec::new();
         let mut armed: Vec<Armed> = Vec::new();
+        // The release message this waiter was woken by, until an attempt used it.
+        let mut wake_up = WakeUp(None);
+        let mut refused = false;
         loop {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
-            let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode).await? {
-                Attempt::Granted(guard) => return Ok(Some(guard)),
-                Attempt::Refused { ttl, split } => (ttl, split),
+            let (until, asked) = match wait {
+                Wait::Until(until, asked) => (Some(until), asked),
+                _ => (None, Duration::ZERO),
+            };
+            let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode, until).await {
+                Ok(Attempt::Granted(guard)) => {
+                    wake_up.0 = None;
+                    return Ok(Some(guard));
+                }
+                Ok(Attempt::Refused { ttl, split }) => {
+                    wake_up.0 = None;
+                    refused = true;
+                    (ttl, split)
+                }
+                // The caller's wait ran out during an attempt (abandoned, undone in the background).
+                Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
+                    return if refused {
+                        Ok(None)
+                    } else {
+                        Err(Error::Timeout(asked))
+                    };
+                }
+                Err(err) => return Err(err),
             };
             let until = match wait {
                 Wait::Once => return Ok(None),
-                Wait::Until(until) if Instant::now() >= until => return Ok(None),
-                Wait::Until(until) => Some(until),
+                Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
+                Wait::Until(until, _) => Some(until),
                 Wait::Forever => None,
             };
             if subscriptions.is_empty() {
@@ -232,9 +271,22 @@ impl Lock {
             tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
             let released = futures::future::select_all(armed.drain(..));
             tokio::select! {
-                _ = released => {}
+                (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
                 () = tokio::time::sleep_until(wake_at) => {}
             }
+        }
+    }
+}
+
+/// A release message that woke a waiter, passed on to the next waiter if this one does not use it
+/// (its future is dropped, or fails, before an attempt decides): otherwise one cancelled waiter
+/// would leave the others asleep until the lease ran out.
+struct WakeUp(Option<Arc<tokio::sync::Notify>>);
+
+impl Drop for WakeUp {
+    fn drop(&mut self) {
+        if let Some(notify) = self.0.take() {
+            notify.notify_one();
         }
     }
 }

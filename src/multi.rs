@@ -7,7 +7,7 @@ use crate::client::LockClient;
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
 use crate::lock::Lock;
-use crate::node::Node;
+use crate::node::{EvictionCheck, Node};
 use crate::Error;
 
 /// Locks held on a majority of N independent Redis masters, with the Redlock algorithm.
@@ -70,14 +70,19 @@ impl MultiLock {
     pub async fn connect_with(urls: &[&str], config: QuorumConfig) -> Result<MultiLock, Error> {
         config.validate()?;
         let lock_config = config.lock.clone().unwrap_or_default();
-        let timeout = lock_config.get_command_timeout();
         let nodes = urls
             .iter()
-            .map(|url| Node::build(url, timeout))
+            .map(|url| Node::build(url, config.node_timeout))
             .collect::<Result<Vec<_>, _>>()?;
         check_distinct(&nodes)?;
-        let inits = nodes.iter().map(|node| node.init(timeout));
+        // Connecting may take longer than one request: it is bounded by the command timeout.
+        let eviction = EvictionCheck::of(&lock_config);
+        let timeout = lock_config.get_command_timeout().max(config.node_timeout);
+        let inits = nodes.iter().map(|node| node.init(eviction, timeout));
         let results = futures::future::join_all(inits).await;
+        if let Some(Err(err)) = results.iter().find(|r| matches!(r, Err(e) if e.is_bad_input())) {
+            return Err(err.clone());
+        }
         let answered = results.iter().filter(|r| r.is_ok()).count();
         let needed = crate::quorum::majority(nodes.len());
         if answered < needed {
@@ -140,14 +145,26 @@ impl MultiLock {
     }
 }
 
+/// Refuses a master given twice: by the same address, or (once reached) by its `run_id`, which
+/// tells `127.0.0.1:P` and `localhost:P` apart from two servers. A master reached only later is
+/// checked then, and does not vote if it repeats another (see `Core::voters`).
 fn check_distinct<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Result<(), Error> {
     let mut seen = HashSet::new();
+    let mut run_ids = HashSet::new();
     for node in nodes {
-        let server = &node.borrow().server;
+        let node = node.borrow();
+        let server = &node.server;
         if !seen.insert(server.clone()) {
             return Err(Error::InvalidConfig(format!(
                 "the master {server} is given twice"
             )));
+        }
+        if let Some(run_id) = node.run_id() {
+            if !run_ids.insert(run_id) {
+                return Err(Error::InvalidConfig(format!(
+                    "the master {server} is another listed master under another name (same run_id)"
+                )));
+            }
         }
     }
     Ok(())

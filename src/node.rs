@@ -7,14 +7,15 @@ use parking_lot::Mutex;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
-use fred::clients::Client;
+use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
 use fred::prelude::{Builder, Config, ReconnectPolicy, ServerConfig};
+use fred::types::config::Options;
 use fred::types::{Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::keys::LockKeys;
-use crate::scripts::scripts;
+use crate::scripts::{is_noscript, scripts};
 use crate::waiters::Waiters;
 use crate::Error;
 
@@ -38,9 +39,19 @@ pub(crate) enum Released {
     Freed,
 }
 
+/// The most commands fred buffers for a connection that is down; more fail at once. Each also
+/// fails after the node timeout and is then never sent, but fred frees it only at reconnect.
+const MAX_BUFFERED: usize = 4096;
+
 /// A Redis master as relock uses it.
 pub(crate) struct Node {
     pub(crate) client: Client,
+    /// The command client with relock's per-command options: every request to this node is bounded
+    /// here, by fred's own timeout (so that a timed-out command is also never sent late), and made
+    /// once (never resent by fred).
+    cmd: WithOptions<Client>,
+    /// The bound of one request.
+    pub(crate) timeout: Duration,
     pub(crate) waiters: Waiters,
     batcher: Batcher,
     /// `host:port`, to tell masters apart.
@@ -61,8 +72,83 @@ struct Health {
     suspect: bool,
     /// The server's `run_id` when last seen.
     run_id: Option<String>,
-    /// When the server was seen to have restarted (a new `run_id`).
-    restarted_at: Option<Instant>,
+    /// When the server last started, as far as this client knows: on first sight and on a new
+    /// `run_id`, now minus its `uptime_in_seconds`. A server first seen a moment after it restarted
+    /// is thus treated like one seen restarting.
+    started_at: Option<Instant>,
+}
+
+/// What relock reads of a server's `INFO`.
+#[derive(Debug, Default)]
+pub(crate) struct ServerInfo {
+    pub(crate) run_id: String,
+    pub(crate) uptime: Duration,
+    pub(crate) version: String,
+    pub(crate) cluster_enabled: bool,
+    pub(crate) maxmemory: u64,
+    pub(crate) maxmemory_policy: String,
+}
+
+impl ServerInfo {
+    fn parse(info: &str) -> ServerInfo {
+        let mut out = ServerInfo::default();
+        for line in info.lines() {
+            let Some((field, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            match field {
+                "run_id" => out.run_id = value.to_string(),
+                "uptime_in_seconds" => out.uptime = Duration::from_secs(value.parse().unwrap_or(0)),
+                "redis_version" => out.version = value.to_string(),
+                "cluster_enabled" => out.cluster_enabled = value == "1",
+                "maxmemory" => out.maxmemory = value.parse().unwrap_or(0),
+                "maxmemory_policy" => out.maxmemory_policy = value.to_string(),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The major version, 0 if unknown.
+    fn major(&self) -> u32 {
+        self.version
+            .split('.')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Health {
+    /// Records a sighting of the server; a new `run_id` (also the first) dates its start.
+    fn observe(&mut self, info: &ServerInfo, server: &str) {
+        if self.run_id.as_deref() != Some(info.run_id.as_str()) {
+            if self.run_id.is_some() {
+                tracing::warn!(node = %server, "master restarted (new run_id): it sits out of quorums for the longest lease");
+            }
+            let now = Instant::now();
+            self.started_at = Some(now.checked_sub(info.uptime).unwrap_or(now));
+            self.run_id = Some(info.run_id.clone());
+        }
+        self.suspect = false;
+    }
+}
+
+/// How `Node::init` treats a server whose eviction policy may remove lock keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EvictionCheck {
+    Warn,
+    Refuse,
+}
+
+impl EvictionCheck {
+    pub(crate) fn of(config: &crate::LockConfig) -> EvictionCheck {
+        if config.get_strict_eviction() {
+            EvictionCheck::Refuse
+        } else {
+            EvictionCheck::Warn
+        }
+    }
 }
 
 impl Drop for Node {
@@ -80,6 +166,7 @@ impl Drop for Node {
 
 impl Node {
     /// Builds the clients of a node from a URL and starts connecting; `Err` only for a bad URL.
+    /// `timeout` bounds every request to the node.
     pub(crate) fn build(url: &str, timeout: Duration) -> Result<Node, Error> {
         let mut config =
             Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
@@ -98,20 +185,22 @@ impl Node {
                 conn.max_command_attempts = 1;
                 conn.connection_timeout = timeout;
                 conn.internal_command_timeout = timeout;
+                conn.max_command_buffer_len = MAX_BUFFERED;
             })
             .with_performance_config(|perf| perf.broadcast_channel_capacity = 4096)
             // Unlimited attempts, 50 ms growing to 2 s apart.
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
             .build()
             .map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
-        let mut node = Node::from_client(client);
+        let mut node = Node::from_client(client, timeout);
         node.owned = true;
         Ok(node)
     }
 
     /// A node on an existing command client; the subscriber connection is a new client of the same
-    /// configuration.
-    pub(crate) fn from_client(client: Client) -> Node {
+    /// configuration. Every request relock makes is bounded by `timeout` and made once, whatever
+    /// the client's own settings.
+    pub(crate) fn from_client(client: Client, timeout: Duration) -> Node {
         let subscriber = client.clone_new();
         let server = match &client.client_config().server {
             ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
@@ -123,8 +212,15 @@ impl Node {
             server.clone(),
             Arc::downgrade(&health),
         ));
+        let cmd = client.with_options(&Options {
+            timeout: Some(timeout),
+            max_attempts: Some(1),
+            ..Options::default()
+        });
         Node {
-            batcher: Batcher::start(client.clone()),
+            batcher: Batcher::start(cmd.clone()),
+            cmd,
+            timeout,
             client,
             waiters: Waiters::start(subscriber),
             server,
@@ -144,14 +240,20 @@ impl Node {
     }
 
     /// Whether the master may vote in a quorum: it is not suspected of having restarted unseen, and
-    /// if it was seen restarted, at least `quarantine` (the longest lease) has passed since.
+    /// it has been up for at least `quarantine` (the longest lease) since it last started.
     pub(crate) fn may_vote(&self, quarantine: Duration) -> bool {
         let health = self.health.lock();
-        !health.suspect && health.restarted_at.is_none_or(|at| at.elapsed() >= quarantine)
+        !health.suspect && health.started_at.is_some_and(|at| at.elapsed() >= quarantine)
     }
 
-    /// Connects the command client (if not connected yet) and loads the scripts, within `timeout`.
-    pub(crate) async fn init(&self, timeout: Duration) -> Result<(), Error> {
+    /// The server's `run_id`, once seen.
+    pub(crate) fn run_id(&self) -> Option<String> {
+        self.health.lock().run_id.clone()
+    }
+
+    /// Connects the command client (if not connected yet), checks the server and loads the scripts,
+    /// within `timeout`.
+    pub(crate) async fn init(&self, eviction: EvictionCheck, timeout: Duration) -> Result<(), Error> {
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
         let mut errors = self.client.error_rx();
         let refused = async {
@@ -171,11 +273,10 @@ impl Node {
                 }
                 self.client.wait_for_connect().await?;
             }
-            scripts().load_all(&self.client).await?;
-            let run_id = run_id(&self.client).await?;
-            let mut health = self.health.lock();
-            health.run_id.get_or_insert(run_id);
-            health.suspect = false;
+            let info = server_info(&self.cmd).await?;
+            self.check(&info, eviction).await?;
+            scripts().load_all(&self.cmd).await?;
+            self.health.lock().observe(&info, &self.server);
             Ok::<_, Error>(())
         };
         let work = async {
@@ -189,6 +290,44 @@ impl Node {
             .map_err(|_| Error::Timeout(timeout))?
     }
 
+    /// Refuses a server relock cannot run on safely, before anything is written.
+    async fn check(&self, info: &ServerInfo, eviction: EvictionCheck) -> Result<(), Error> {
+        let server = &self.server;
+        if info.cluster_enabled {
+            return Err(Error::InvalidConfig(format!(
+                "{server} is a Redis Cluster node: connect with a redis-cluster:// URL"
+            )));
+        }
+        // Lock hashes carry a TTL, so `volatile-*` policies evict them first, `allkeys-*` as any.
+        let policy = &info.maxmemory_policy;
+        if !policy.is_empty() && policy != "noeviction" {
+            if eviction == EvictionCheck::Refuse {
+                return Err(Error::InvalidConfig(format!(
+                    "{server} has maxmemory-policy {policy}, which may evict held locks; strict_eviction wants noeviction"
+                )));
+            }
+            if info.maxmemory > 0 {
+                tracing::warn!(node = %server, %policy, "maxmemory-policy may evict held locks; use noeviction");
+            }
+        }
+        // Before Redis 7, a script that calls TIME cannot write unless it replicates effects.
+        if (1..7).contains(&info.major()) {
+            let get =
+                fred::types::CustomCommand::new_static("CONFIG", fred::types::ClusterHash::Random, false);
+            let reply: Result<Vec<String>, _> =
+                self.cmd.custom(get, vec!["GET", "lua-replicate-commands"]).await;
+            if let Ok(reply) = reply {
+                if reply.get(1).is_some_and(|v| v == "no") {
+                    return Err(Error::InvalidConfig(format!(
+                        "{server} runs Redis {} with lua-replicate-commands no; relock's scripts need it on",
+                        info.version
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// One acquisition (through the node's batcher): see `scripts/acquire.lua`.
     pub(crate) async fn acquire(
         &self,
@@ -197,14 +336,14 @@ impl Node {
         lease: Duration,
         target: u32,
     ) -> Result<Vote, Error> {
-        let op = Op::Acquire {
+        let op = || Op::Acquire {
             lock: keys.lock.clone(),
             fence: keys.fence.clone(),
             owner: owner.clone(),
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             target: i64::from(target),
         };
-        let reply = self.batcher.run(op).await?;
+        let reply = self.run_batched(op).await?;
         match reply.as_slice() {
             [1, prev, token] => Ok(Vote::Granted {
                 prev: *prev.max(&0) as u64,
@@ -224,13 +363,13 @@ impl Node {
         owner: &Arc<str>,
         target: u32,
     ) -> Result<Released, Error> {
-        let op = Op::Release {
+        let op = || Op::Release {
             lock: keys.lock.clone(),
             owner: owner.clone(),
             target: i64::from(target),
             channel: keys.channel.clone(),
         };
-        match self.batcher.run(op).await?.as_slice() {
+        match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
             [1] => Ok(Released::StillHeld),
             [2] => Ok(Released::Freed),
@@ -238,21 +377,38 @@ impl Node {
         }
     }
 
-    /// Renews a batch of at most [`RENEW_BATCH`] locks; one flag per lock, true if renewed.
-    pub(crate) async fn renew(
-        &self,
-        locks: &[(&LockKeys, &str)],
-        lease: Duration,
-    ) -> Result<Vec<bool>, Error> {
-        let keys: Vec<Key> = locks.iter().map(|(keys, _)| Key::from(&*keys.lock)).collect();
-        let mut args = Vec::with_capacity(locks.len() + 1);
-        args.push(millis(lease));
-        args.extend(locks.iter().map(|(_, owner)| Value::from(*owner)));
-        let reply: Vec<i64> = scripts()
-            .renew
-            .run(&self.client, keys, args)
-            .await
-            .map_err(Error::Redis)?;
+    /// Runs one operation through the batcher. A call that found the script cache empty did not
+    /// run, and the script is loaded again by then: the operation is made once more, as a new
+    /// operation queued behind whatever was queued meanwhile, while the caller still waits for it
+    /// (so it never lands after the caller's next operation on the same hold).
+    async fn run_batched(&self, op: impl Fn() -> Op) -> Result<Vec<i64>, Error> {
+        let run = async {
+            match self.batcher.run(op()).await {
+                Err(Error::Redis(err)) if is_noscript(&err) => self.batcher.run(op()).await,
+                other => other,
+            }
+        };
+        // Bounded as a whole, the wait for a free call slot included; an operation whose caller
+        // left is never sent (see the batcher).
+        match tokio::time::timeout(self.timeout, run).await {
+            Ok(Err(Error::Redis(err))) if *err.kind() == fred::error::ErrorKind::Timeout => {
+                Err(Error::Timeout(self.timeout))
+            }
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// Renews (lease > 0) or checks (lease 0) a batch of at most [`RENEW_BATCH`] holds, given as lock
+    /// keys, the hold's field and the lease; one flag per hold, true if still held.
+    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str, Duration)]) -> Result<Vec<bool>, Error> {
+        let keys: Vec<Key> = locks.iter().map(|(keys, _, _)| Key::from(&*keys.lock)).collect();
+        let mut args = Vec::with_capacity(locks.len() * 2);
+        for (_, field, lease) in locks {
+            args.push(Value::from(*field));
+            args.push(millis(*lease));
+        }
+        let reply: Vec<i64> = self.bounded(self.script(&scripts().renew, keys, args)).await?;
         if reply.len() != locks.len() {
             return Err(unexpected("renew", &reply));
         }
@@ -260,34 +416,71 @@ impl Node {
     }
 
     pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), Error> {
-        let _: i64 = scripts()
-            .raise_fence
-            .run(
-                &self.client,
-                vec![Key::from(&*keys.fence)],
-                vec![Value::from(token.to_string())],
-            )
-            .await
-            .map_err(|err| Error::from_redis(err, &keys.fence))?;
+        let raise = self.script(
+            &scripts().raise_fence,
+            vec![Key::from(&*keys.fence)],
+            vec![Value::from(token.to_string())],
+        );
+        let _: i64 = self.bounded_on(raise, &keys.fence).await?;
         Ok(())
     }
 
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let removed: i64 = scripts()
-            .force_unlock
-            .run(
-                &self.client,
-                vec![Key::from(&*keys.lock)],
-                vec![Value::from(&*keys.channel)],
-            )
-            .await
-            .map_err(|err| Error::from_redis(err, &keys.lock))?;
+        let unlock = self.script(
+            &scripts().force_unlock,
+            vec![Key::from(&*keys.lock)],
+            vec![Value::from(&*keys.channel)],
+        );
+        let removed: i64 = self.bounded_on(unlock, &keys.lock).await?;
         Ok(removed == 1)
     }
 
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let found: i64 = self.client.exists(&*keys.lock).await.map_err(Error::Redis)?;
+        let found: i64 = self.bounded(self.cmd.exists(&*keys.lock)).await?;
         Ok(found == 1)
+    }
+
+    /// Runs a script directly (not batched), once more if the server had lost it: these calls
+    /// (renew, raise the fence, force-unlock) are idempotent, and none must stay in order with
+    /// another of the same hold (a renewal names its hold's generation).
+    async fn script<R: fred::types::FromValue>(
+        &self,
+        script: &crate::scripts::Script,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<R, fred::error::Error> {
+        match script.run(&self.cmd, keys.clone(), args.clone()).await {
+            Err(err) if is_noscript(&err) => script.run(&self.cmd, keys, args).await,
+            other => other,
+        }
+    }
+
+    /// The one place that bounds a direct request: fred's per-command timeout (see `cmd`), and a
+    /// backstop a little later in case fred's timer is late.
+    async fn bounded<R>(
+        &self,
+        request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
+    ) -> Result<R, Error> {
+        match tokio::time::timeout(self.timeout + BACKSTOP, request).await {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(err)) if *err.kind() == fred::error::ErrorKind::Timeout => {
+                Err(Error::Timeout(self.timeout))
+            }
+            Ok(Err(err)) => Err(Error::Redis(err)),
+            Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// [`bounded`](Node::bounded) for a request about `key`, telling a key of another type apart.
+    async fn bounded_on<R>(
+        &self,
+        request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
+        key: &str,
+    ) -> Result<R, Error> {
+        match self.bounded(request).await {
+            Err(Error::Redis(err)) => Err(Error::from_redis(err, key)),
+            other => other,
+        }
     }
 }
 
@@ -301,14 +494,15 @@ pub(crate) async fn close(client: Client, connection: Option<fred::types::Connec
     }
 }
 
-async fn run_id(client: &Client) -> Result<String, Error> {
-    let info: String = client.info(Some(fred::types::InfoKind::Server)).await?;
-    Ok(info
-        .lines()
-        .find_map(|line| line.strip_prefix("run_id:"))
-        .unwrap_or_default()
-        .trim()
-        .to_string())
+/// How much later than fred's own timeout a request is abandoned by relock's backstop.
+const BACKSTOP: Duration = Duration::from_millis(20);
+
+/// One `INFO` (all default sections: server, memory, cluster among them).
+async fn server_info<C: ClientLike + fred::interfaces::ServerInterface>(
+    client: &C,
+) -> Result<ServerInfo, Error> {
+    let info: String = client.info(None).await?;
+    Ok(ServerInfo::parse(&info))
 }
 
 /// Follows the command connection: an error makes the master suspect until its `run_id` is read
@@ -316,38 +510,41 @@ async fn run_id(client: &Client) -> Result<String, Error> {
 async fn watch_restarts(client: Client, server: String, health: Weak<Mutex<Health>>) {
     let mut errors = client.error_rx();
     let mut reconnects = client.reconnect_rx();
+    let info_client = client.with_options(&Options {
+        timeout: Some(Duration::from_secs(2)),
+        max_attempts: Some(1),
+        ..Options::default()
+    });
     loop {
-        tokio::select! {
-            error = errors.recv() => {
-                if matches!(error, Err(RecvError::Closed)) {
-                    return;
+        // A master not seen yet (down or slow at connect) is read at once: until then it cannot vote.
+        let seen = health.upgrade().is_some_and(|h| h.lock().run_id.is_some());
+        if seen {
+            tokio::select! {
+                error = errors.recv() => {
+                    if matches!(error, Err(RecvError::Closed)) {
+                        return;
+                    }
+                    let Some(health) = health.upgrade() else { return };
+                    health.lock().suspect = true;
                 }
-                let Some(health) = health.upgrade() else { return };
-                health.lock().suspect = true;
-            }
-            reconnect = reconnects.recv() => {
-                if matches!(reconnect, Err(RecvError::Closed)) {
-                    return;
+                reconnect = reconnects.recv() => {
+                    if matches!(reconnect, Err(RecvError::Closed)) {
+                        return;
+                    }
                 }
             }
         }
-        // Read the run_id again; while the server is away the request waits in fred's buffer, so this
-        // sends about one request per timeout, not a busy loop.
-        let current = loop {
-            match tokio::time::timeout(Duration::from_secs(2), run_id(&client)).await {
-                Ok(Ok(id)) => break id,
+        // Read the run_id again; while the server is away the request waits in fred's buffer (and
+        // is dropped from it after its timeout), so this sends about one request per timeout.
+        let info = loop {
+            match server_info(&info_client).await {
+                Ok(info) => break info,
                 _ if health.strong_count() == 0 => return,
                 _ => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         };
         let Some(health) = health.upgrade() else { return };
-        let mut health = health.lock();
-        if health.run_id.as_ref().is_some_and(|known| *known != current) {
-            tracing::warn!(node = %server, "master restarted (new run_id): it sits out of quorums for the longest lease");
-            health.restarted_at = Some(Instant::now());
-        }
-        health.run_id = Some(current);
-        health.suspect = false;
+        health.lock().observe(&info, &server);
     }
 }
 

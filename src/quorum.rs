@@ -25,13 +25,9 @@ use crate::Error;
 
 /// The outcome of one acquisition round.
 pub(crate) enum Round {
-    /// Held on a majority until `deadline`. `continuing` tells, for a reentrant acquisition, that a
-    /// majority still had the owner's earlier hold.
-    Granted {
-        token: u64,
-        continuing: bool,
-        deadline: Instant,
-    },
+    /// Held on a majority until `deadline`. For a reentrant acquisition, a majority still had the
+    /// hold (`token` is then meaningless: the hold keeps its own).
+    Granted { token: u64, deadline: Instant },
     /// Held by someone else (`ttl`: the shortest time it is still held for), or a split vote.
     /// `stragglers`: some masters did not answer, and may still grant; they need an undo.
     Refused {
@@ -39,43 +35,47 @@ pub(crate) enum Round {
         split: bool,
         stragglers: bool,
     },
+    /// Reentrant acquisitions only: so many masters said the hold is not there (another owner holds
+    /// the lock, or this hold is gone) that no majority can still back it. The hold is lost.
+    Lost,
 }
 
-/// One round: asks every node to set `owner`'s count on `keys` to `target` with `lease`.
+/// One round: asks every node to set the count of hold `field` on `keys` to `target` with `lease`.
+///
+/// A reentrant acquisition (`target > 1`) counts only the masters that still had the hold: a master
+/// that lost it (restarted, or a key removed behind its back) grants it anew, but its vote shows
+/// nothing about the hold. Such a round waits for a majority of those that had it, or until so many
+/// said otherwise that none can come; anything in between is an error that leaves the hold alone.
 pub(crate) async fn acquire(
     core: &Core,
     keys: &LockKeys,
-    owner: &Arc<str>,
+    field: &Arc<str>,
     lease: Duration,
     target: u32,
 ) -> Result<Round, Error> {
     let nodes = core.nodes.len();
     let needed = core.needed();
-    let timeout = core.quorum.node_timeout;
+    let reentry = target > 1;
     let start = Instant::now();
 
-    // Masters that may have forgotten locks they granted (restarted) do not vote.
-    let quarantine = core.quarantine();
-    let voters: Vec<bool> = core
-        .nodes
-        .iter()
-        .map(|node| quarantine.is_none_or(|q| node.may_vote(q)))
-        .collect();
+    // Masters that may have forgotten locks they granted (restarted), or that repeat another one,
+    // do not vote.
+    let voters = core.voters();
     let mut pending: FuturesUnordered<_> = core
         .nodes
         .iter()
         .enumerate()
         .filter(|(i, _)| voters[*i])
-        .map(|(i, node)| async move {
-            let vote = tokio::time::timeout(timeout, node.acquire(keys, owner, lease, target)).await;
-            (i, vote.unwrap_or(Err(Error::Timeout(timeout))))
-        })
+        .map(|(i, node)| async move { (i, node.acquire(keys, field, lease, target).await) })
         .collect();
     if voters.iter().any(|v| !v) {
-        tracing::debug!(lock = %keys.name, voters = voters.iter().filter(|v| **v).count(), "restarted masters sit out");
+        tracing::debug!(lock = %keys.name, voters = voters.iter().filter(|v| **v).count(), "restarted or repeated masters sit out");
     }
     let mut refused = vec![false; nodes];
     let mut granted: Vec<(usize, u64, u64)> = Vec::new();
+    // Re-entry: grants from masters that had the hold, and masters that said it is not there.
+    let mut backing = 0;
+    let mut denied = 0;
     let mut answered = 0;
     let mut ttl: Option<Duration> = None;
     let mut error: Option<Error> = None;
@@ -84,25 +84,26 @@ pub(crate) async fn acquire(
             Ok(Vote::Granted { prev, token }) => {
                 answered += 1;
                 granted.push((i, prev, token));
-                if granted.len() >= needed {
-                    break;
+                if reentry && prev > 0 {
+                    backing += 1;
+                } else if reentry {
+                    denied += 1;
                 }
             }
             Ok(Vote::Busy { ttl: left }) => {
                 answered += 1;
                 refused[i] = true;
+                denied += 1;
                 ttl = match (ttl, left) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                if refused.iter().filter(|r| **r).count() > nodes - needed {
-                    break;
-                }
             }
             Err(err) => {
                 if matches!(err, Error::WrongType(_)) {
                     answered += 1;
                     refused[i] = true;
+                    denied += 1;
                 }
                 tracing::debug!(lock = %keys.name, node = %core.nodes[i].server, %err, "acquire request failed");
                 if error.is_none() || matches!(err, Error::WrongType(_)) {
@@ -110,47 +111,56 @@ pub(crate) async fn acquire(
                 }
             }
         }
+        let decided = if reentry {
+            backing >= needed || denied > nodes - needed
+        } else {
+            granted.len() >= needed || refused.iter().filter(|r| **r).count() > nodes - needed
+        };
+        if decided {
+            break;
+        }
     }
     // The rest have been sent; dropping them stops only the waiting.
     drop(pending);
 
-    if granted.len() >= needed {
+    let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
+    if reentry && backing >= needed && deadline > Instant::now() {
+        return Ok(Round::Granted { token: 0, deadline });
+    }
+    if !reentry && granted.len() >= needed {
         let mut token = granted.iter().map(|g| g.2).max().unwrap_or(0);
-        let fenced = target > 1 || nodes == 1 || raise_fence(core, keys, &granted, token).await >= needed;
+        let fenced = nodes == 1 || raise_fence(core, keys, &granted, token).await >= needed;
         if !fenced {
             token = 0;
         }
-        let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
         if fenced && deadline > Instant::now() {
-            let continuing = granted.iter().filter(|g| g.1 > 0).count() >= needed;
-            return Ok(Round::Granted {
-                token,
-                continuing,
-                deadline,
-            });
+            return Ok(Round::Granted { token, deadline });
         }
         tracing::debug!(lock = %keys.name, "granted too late or not fenced on a majority; undoing");
     }
 
-    // Undo at once where it was granted. Where the outcome is unknown (no answer in time), the undo
-    // is the caller's, in the background (`stragglers`), so that a slow master does not hold up
-    // the caller a second time.
-    let undo = granted.iter().map(|(i, _, _)| {
-        let node = &core.nodes[*i];
-        async move { tokio::time::timeout(timeout, node.release(keys, owner, target - 1)).await }
-    });
+    // Undo at once where it was granted (a re-entry goes back to the level it had). Where the
+    // outcome is unknown (no answer in time), the undo is the caller's, in the background
+    // (`stragglers`), so that a slow master does not hold up the caller a second time.
+    let undo = granted
+        .iter()
+        .map(|(i, _, _)| core.nodes[*i].release(keys, field, target - 1));
     futures::future::join_all(undo).await;
     let decided = granted.len() + refused.iter().filter(|r| **r).count();
     let stragglers = decided < voters.iter().filter(|v| **v).count();
 
+    if reentry && denied > nodes - needed {
+        return Ok(Round::Lost);
+    }
     if let Some(err @ Error::WrongType(_)) = error {
         return Err(err);
     }
-    if answered < needed {
+    if answered < needed || reentry {
         return Err(match error {
             Some(err) if nodes == 1 => err,
+            _ if reentry && answered >= needed => Error::Timeout(core.quorum.node_timeout),
             _ => Error::Quorum {
-                granted: granted.len(),
+                granted: if reentry { backing } else { granted.len() },
                 answered,
                 needed,
                 nodes,
@@ -166,16 +176,9 @@ pub(crate) async fn acquire(
 
 /// Writes `token` back to the granting nodes; returns on how many it landed.
 async fn raise_fence(core: &Core, keys: &LockKeys, granted: &[(usize, u64, u64)], token: u64) -> usize {
-    let timeout = core.quorum.node_timeout;
-    let raises = granted.iter().map(|(i, _, _)| {
-        let node = &core.nodes[*i];
-        async move {
-            matches!(
-                tokio::time::timeout(timeout, node.raise_fence(keys, token)).await,
-                Ok(Ok(()))
-            )
-        }
-    });
+    let raises = granted
+        .iter()
+        .map(|(i, _, _)| async move { core.nodes[*i].raise_fence(keys, token).await.is_ok() });
     futures::future::join_all(raises)
         .await
         .into_iter()
@@ -183,37 +186,76 @@ async fn raise_fence(core: &Core, keys: &LockKeys, granted: &[(usize, u64, u64)]
         .count()
 }
 
-/// Sets `owner`'s count on `keys` to `target` on every node (0 releases). `Ok(false)` when a majority
-/// said the owner did not hold it; an error only when no node answered.
-pub(crate) async fn release(
+/// What the masters said to a release.
+pub(crate) struct Release {
+    /// Masters where the hold was (and is now at the target).
+    pub(crate) held: usize,
+    /// Masters where the hold was not.
+    pub(crate) not_held: usize,
+    /// Masters that did not answer (or failed): the release may or may not have landed there.
+    pub(crate) silent: Vec<usize>,
+    /// The last error of a silent master.
+    pub(crate) error: Option<Error>,
+}
+
+impl Release {
+    /// `Ok(true)` when a majority answered, `Ok(false)` when a majority said the hold was not
+    /// there, else the error (the silent masters are retried in the background by the caller).
+    pub(crate) fn outcome(&self, needed: usize, nodes: usize) -> Result<bool, Error> {
+        if self.not_held >= needed {
+            return Ok(false);
+        }
+        if self.held + self.not_held >= needed {
+            return Ok(true);
+        }
+        Err(match &self.error {
+            Some(err) if nodes == 1 => err.clone(),
+            _ => Error::Quorum {
+                granted: self.held,
+                answered: self.held + self.not_held,
+                needed,
+                nodes,
+            },
+        })
+    }
+}
+
+/// Sets the count of hold `field` on `keys` to `target` on the given nodes (0 releases).
+pub(crate) async fn release_on(
     core: &Core,
     keys: &LockKeys,
-    owner: &Arc<str>,
+    field: &Arc<str>,
     target: u32,
-) -> Result<bool, Error> {
-    let timeout = core.quorum.node_timeout;
-    let requests = core.nodes.iter().map(|node| async move {
-        tokio::time::timeout(timeout, node.release(keys, owner, target))
-            .await
-            .unwrap_or(Err(Error::Timeout(timeout)))
-    });
-    let mut held = 0;
-    let mut not_held = 0;
-    let mut error = None;
-    for outcome in futures::future::join_all(requests).await {
+    nodes: &[usize],
+) -> Release {
+    let requests = nodes
+        .iter()
+        .map(|&i| async move { (i, core.nodes[i].release(keys, field, target).await) });
+    let mut out = Release {
+        held: 0,
+        not_held: 0,
+        silent: Vec::new(),
+        error: None,
+    };
+    for (i, outcome) in futures::future::join_all(requests).await {
         match outcome {
-            Ok(Released::NotHeld) => not_held += 1,
-            Ok(Released::StillHeld | Released::Freed) => held += 1,
-            Err(err) => error = Some(err),
+            Ok(Released::NotHeld) => out.not_held += 1,
+            Ok(Released::StillHeld | Released::Freed) => out.held += 1,
+            // A key of another type will not change by waiting: only silence is worth a retry.
+            Err(Error::WrongType(_)) => out.not_held += 1,
+            Err(err) => {
+                out.silent.push(i);
+                out.error = Some(err);
+            }
         }
     }
-    if not_held >= core.needed() {
-        return Ok(false);
-    }
-    match error {
-        Some(err) if held + not_held == 0 => Err(err),
-        _ => Ok(true),
-    }
+    out
+}
+
+/// [`release_on`] every node.
+pub(crate) async fn release(core: &Core, keys: &LockKeys, field: &Arc<str>, target: u32) -> Release {
+    let all: Vec<usize> = (0..core.nodes.len()).collect();
+    release_on(core, keys, field, target, &all).await
 }
 
 /// How many of `nodes` masters make a majority.

@@ -1,15 +1,21 @@
 //! The Lua scripts of `scripts/`, loaded once and run by `EVALSHA`.
 
-use fred::clients::Client;
 use fred::error::Error as RedisError;
-use fred::interfaces::LuaInterface;
-use fred::types::{FromValue, Key, Value};
+use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, CustomCommand, FromValue, Key, Value};
 
 /// One Lua script and its SHA-1.
 pub(crate) struct Script {
     pub(crate) name: &'static str,
     body: &'static str,
     sha: String,
+}
+
+/// `EVALSHA` as a custom command, so that it runs with the per-command options of the caller's
+/// client (timeout, one attempt): fred's own `evalsha` does not take them.
+fn evalsha() -> CustomCommand {
+    // The keys start after the SHA and their count.
+    CustomCommand::new_static("EVALSHA", ClusterHash::Offset(2), false)
 }
 
 impl Script {
@@ -21,34 +27,50 @@ impl Script {
         }
     }
 
-    /// Runs the script by `EVALSHA`. A server that lost its script cache (`SCRIPT FLUSH`, restart,
-    /// failover) answers `NOSCRIPT`: the script is loaded again and the call made once more, which is
-    /// safe because the first call did not run.
-    pub(crate) async fn run<R: FromValue>(
+    /// Runs the script by `EVALSHA`, once. A server that lost its script cache (`SCRIPT FLUSH`,
+    /// restart, failover) answers `NOSCRIPT`: the script is loaded again for later calls, and the
+    /// `NOSCRIPT` error is returned. This call is *not* resent: the caller decides, because a resend
+    /// would run after calls sent since, which breaks the order that releases and undos rely on.
+    /// (See [`is_noscript`].)
+    pub(crate) async fn run<R: FromValue, C: ClientLike>(
         &self,
-        client: &Client,
+        client: &C,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
-        let args = Value::Array(args);
-        match client
-            .evalsha(self.sha.as_str(), keys.clone(), args.clone())
-            .await
-        {
-            Err(err) if err.details().starts_with("NOSCRIPT") => {
+        let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+        call.push(Value::from(self.sha.as_str()));
+        call.push(Value::from(keys.len() as i64));
+        call.extend(keys.into_iter().map(Value::from));
+        call.extend(args);
+        match client.custom::<R, Value>(evalsha(), call).await {
+            Err(err) if is_noscript(&err) => {
                 tracing::debug!(script = self.name, "script cache was flushed, loading it again");
-                let _: String = client.script_load(self.body).await?;
-                client.evalsha(self.sha.as_str(), keys, args).await
+                self.load(client).await?;
+                Err(err)
             }
             other => other,
         }
     }
 
-    async fn load(&self, client: &Client) -> Result<(), RedisError> {
-        let sha: String = client.script_load(self.body).await?;
-        debug_assert_eq!(sha, self.sha);
+    async fn load<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
+        let load = CustomCommand::new_static("SCRIPT", ClusterHash::Random, false);
+        let sha: String = client
+            .custom(load, vec![Value::from("LOAD"), Value::from(self.body)])
+            .await?;
+        if sha != self.sha {
+            return Err(RedisError::new(
+                fred::error::ErrorKind::Parse,
+                format!("SCRIPT LOAD of {} answered {sha:?}", self.name),
+            ));
+        }
         Ok(())
     }
+}
+
+/// Whether a call failed because the server did not have the script: it did not run.
+pub(crate) fn is_noscript(err: &RedisError) -> bool {
+    err.details().starts_with("NOSCRIPT")
 }
 
 /// The batch script: the acquire and release functions, then the loop that runs them.
@@ -78,7 +100,7 @@ impl Scripts {
     }
 
     /// Loads every script into a server's cache (`SCRIPT LOAD`).
-    pub(crate) async fn load_all(&self, client: &Client) -> Result<(), RedisError> {
+    pub(crate) async fn load_all<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
         for script in [&self.batch, &self.renew, &self.force_unlock, &self.raise_fence] {
             script.load(client).await?;
         }

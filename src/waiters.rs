@@ -97,6 +97,11 @@ impl Subscription {
     pub(crate) fn armed(&self) -> Armed {
         arm(&self.notify)
     }
+
+    /// The wake-up of this channel, to pass a release message on to another waiter.
+    pub(crate) fn waker(&self) -> Arc<Notify> {
+        self.notify.clone()
+    }
 }
 
 impl Drop for Subscription {

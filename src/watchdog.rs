@@ -1,30 +1,42 @@
-//! The watchdog: one task per client that renews every watchdog-mode hold each `renew_interval`, in
-//! batches of up to [`RENEW_BATCH`](crate::node::RENEW_BATCH) locks per script call, all nodes and
-//! batches at once, and that ends a hold's lease the moment it runs out on the monotonic clock.
+//! The watchdog: one task per client that renews every watchdog-mode hold each `renew_interval` (and
+//! checks that fixed-lease holds are still there), in batches of up to
+//! [`RENEW_BATCH`](crate::node::RENEW_BATCH) holds per script call, all nodes and batches at once;
+//! and that ends a hold's lease the moment it runs out on the monotonic clock.
+//!
+//! The deadlines run on their own timer: a renewal round in flight (each request may take up to the
+//! node timeout) never delays the news of a lease that ran out meanwhile.
+//!
+//! It stops when the client is shut down or dropped (it holds only a weak reference between rounds;
+//! `Core`'s drop and `shutdown` kick it awake to see that).
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::core::{Core, Hold};
 use crate::node::RENEW_BATCH;
 
+/// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
+const IDLE: Duration = Duration::from_secs(3600);
+
 pub(crate) async fn run(core: Weak<Core>) {
     let mut next_round = Instant::now();
+    let mut round: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
     loop {
         let Some(strong) = core.upgrade() else { return };
         if strong.is_closed() {
             return;
         }
-        let interval = strong.config.get_renew_interval();
         let now = Instant::now();
-        if now >= next_round {
-            renew_round(&strong).await;
-            next_round = now + interval;
+        if round.is_none() && now >= next_round {
+            round = Some(Box::pin(renew_round(strong.clone())));
+            next_round = now + strong.config.get_renew_interval();
         }
-        // Sleep until the next round or the first lease that would run out before it.
-        let mut wake = next_round;
-        let now = Instant::now();
+        // Sleep until the next round or the first lease that runs out, whichever comes first.
+        let mut wake = if round.is_none() { next_round } else { now + IDLE };
         for hold in strong.holds() {
             let st = hold.state.lock();
             if !st.active() {
@@ -33,39 +45,61 @@ pub(crate) async fn run(core: Weak<Core>) {
             if st.deadline <= now {
                 let gen = st.gen;
                 drop(st);
-                hold.mark_lost(gen, "the lease ran out before it could be renewed");
+                strong.mark_lost(&hold, gen, "the lease ran out before it could be renewed");
             } else {
                 wake = wake.min(st.deadline);
             }
         }
-        // No strong reference while idle, so that dropping the last handle drops the client.
+        // No strong reference while idle, so that dropping the last handle drops the client (a
+        // round in flight keeps it for at most one node timeout).
         let kick = strong.watchdog_kick.clone();
         drop(strong);
+        let in_flight = async {
+            match round.as_mut() {
+                Some(round) => round.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             () = kick.notified() => {}
             () = tokio::time::sleep_until(wake) => {}
+            () = in_flight => round = None,
         }
     }
 }
 
-/// Renews every active watchdog-mode hold once.
-async fn renew_round(core: &Arc<Core>) {
-    let holds: Vec<(Arc<Hold>, u64)> = core
+/// One hold in a round: its generation, Redis field and the lease to set (zero: only check).
+struct Renewal {
+    hold: Arc<Hold>,
+    gen: u64,
+    field: Arc<str>,
+    lease: Duration,
+}
+
+/// Renews every active watchdog-mode hold once, and checks every fixed-lease one.
+async fn renew_round(core: Arc<Core>) {
+    let lease = core.config.get_watchdog_timeout();
+    let holds: Vec<Renewal> = core
         .holds()
         .into_iter()
         .filter_map(|hold| {
-            let (renewable, gen) = {
-                let st = hold.state.lock();
-                (st.active() && st.watchdog, st.gen)
+            let st = hold.state.lock();
+            if !st.active() {
+                return None;
+            }
+            let renewal = Renewal {
+                hold: hold.clone(),
+                gen: st.gen,
+                field: st.field.clone(),
+                lease: if st.watchdog { lease } else { Duration::ZERO },
             };
-            renewable.then_some((hold, gen))
+            drop(st);
+            Some(renewal)
         })
         .collect();
     if holds.is_empty() {
         return;
     }
-    let lease = core.config.get_watchdog_timeout();
-    let timeout = core.quorum.node_timeout;
     let start = Instant::now();
 
     let mut requests = Vec::new();
@@ -73,12 +107,9 @@ async fn renew_round(core: &Arc<Core>) {
         for (b, batch) in holds.chunks(RENEW_BATCH).enumerate() {
             let locks: Vec<_> = batch
                 .iter()
-                .map(|(hold, _)| (&*hold.keys, &*hold.owner))
+                .map(|r| (&*r.hold.keys, &*r.field, r.lease))
                 .collect();
-            requests.push(async move {
-                let reply = tokio::time::timeout(timeout, node.renew(&locks, lease)).await;
-                (n, b, reply)
-            });
+            requests.push(async move { (n, b, node.renew(&locks).await) });
         }
     }
     let replies = futures::future::join_all(requests).await;
@@ -87,7 +118,7 @@ async fn renew_round(core: &Arc<Core>) {
     let mut gone = vec![0usize; holds.len()];
     for (n, b, reply) in replies {
         match reply {
-            Ok(Ok(flags)) => {
+            Ok(flags) => {
                 for (offset, flag) in flags.into_iter().enumerate() {
                     let i = b * RENEW_BATCH + offset;
                     if flag {
@@ -97,8 +128,7 @@ async fn renew_round(core: &Arc<Core>) {
                     }
                 }
             }
-            Ok(Err(err)) => tracing::warn!(node = %core.nodes[n].server, %err, "renewal failed"),
-            Err(_) => tracing::warn!(node = %core.nodes[n].server, ?timeout, "renewal timed out"),
+            Err(err) => tracing::warn!(node = %core.nodes[n].server, %err, "renewal failed"),
         }
     }
 
@@ -106,17 +136,19 @@ async fn renew_round(core: &Arc<Core>) {
     let most_gone = core.nodes.len() - needed;
     let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
     let mut ok = 0;
-    for (i, (hold, gen)) in holds.iter().enumerate() {
+    for (i, r) in holds.iter().enumerate() {
         if renewed[i] >= needed {
-            let mut st = hold.state.lock();
-            if st.gen == *gen && st.active() && deadline > st.deadline {
-                st.deadline = deadline;
+            if !r.lease.is_zero() {
+                let mut st = r.hold.state.lock();
+                if st.gen == r.gen && st.active() && deadline > st.deadline {
+                    st.deadline = deadline;
+                }
             }
             ok += 1;
         } else if gone[i] > most_gone {
-            hold.mark_lost(*gen, "renewal found the lock no longer held");
+            core.mark_lost(&r.hold, r.gen, "renewal found the lock no longer held");
         } else {
-            tracing::warn!(lock = %hold.keys.name, renewed = renewed[i], needed, "renewal missed a majority; retrying next round");
+            tracing::warn!(lock = %r.hold.keys.name, renewed = renewed[i], needed, "renewal missed a majority; retrying next round");
         }
     }
     tracing::debug!(renewed = ok, holds = holds.len(), elapsed = ?start.elapsed(), "watchdog round");

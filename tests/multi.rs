@@ -17,11 +17,20 @@ fn lock_config() -> LockConfig {
 }
 
 fn quorum_config() -> QuorumConfig {
-    // Generous against a loaded 2-core machine, still small against the lease.
+    // Generous against a loaded 2-core machine, still small against the lease. The servers here are
+    // seconds old, so the restart quarantine would keep them all out at first: the tests about
+    // restarts turn it on (`with_quarantine`) and let the servers age first.
     QuorumConfig::default()
         .node_timeout(Duration::from_millis(300))
         .retry_delay(Duration::from_millis(100))
+        .restart_quarantine(false)
         .lock_config(lock_config())
+}
+
+/// Waits until servers started now have been up longer than `lease` (INFO's uptime counts whole
+/// seconds), so that the restart quarantine lets them vote.
+async fn age(lease: Duration) {
+    tokio::time::sleep(lease + Duration::from_millis(1100)).await;
 }
 
 fn servers(n: usize) -> Vec<RedisServer> {
@@ -238,7 +247,8 @@ async fn bad_quorum_configs_are_rejected() {
     assert!(MultiLock::with_config(vec![a.clone()], config)
         .unwrap_err()
         .is_bad_input());
-    let multi = MultiLock::new(vec![a]).unwrap();
+    // A server started a moment ago would sit out (restart quarantine): not the point here.
+    let multi = MultiLock::with_config(vec![a], QuorumConfig::default().restart_quarantine(false)).unwrap();
     assert_eq!(multi.masters(), 1);
     let guard = multi.lock(&unique_name("one")).acquire().await.unwrap();
     assert!(guard.is_held());
@@ -261,7 +271,15 @@ async fn masters_restarted_empty_sit_out_for_the_longest_lease() {
     };
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let holder = MultiLock::connect_with(&urls, config(true)).await.unwrap();
+    age(lease).await;
+    // The holder's watchdog checks its fixed-lease hold only after the window below, so it goes on
+    // believing it holds the lock, as a holder may until its lease ends.
+    let holder_config = config(true).lock_config(
+        lock_config()
+            .watchdog_timeout(lease)
+            .renew_interval(lease - Duration::from_millis(100)),
+    );
+    let holder = MultiLock::connect_with(&urls, holder_config).await.unwrap();
     let careful = MultiLock::connect_with(&urls, config(true)).await.unwrap();
     let careless = MultiLock::connect_with(&urls, config(false)).await.unwrap();
     let name = unique_name("restarted");
@@ -319,6 +337,7 @@ async fn exclusion_holds_while_a_minority_of_masters_is_killed_and_restarted() {
     let overlaps = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicUsize::new(0));
+    age(lock_config().get_watchdog_timeout()).await;
 
     // The nemesis: every ~0.7 s, one master (picked by a seeded generator) is killed and restarted
     // empty; restarted masters then sit out for the lease, so at times no majority can be had.
@@ -351,7 +370,9 @@ async fn exclusion_holds_while_a_minority_of_masters_is_killed_and_restarted() {
 
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let multi = MultiLock::connect_with(&urls, quorum_config()).await.unwrap();
+        let multi = MultiLock::connect_with(&urls, quorum_config().restart_quarantine(true))
+            .await
+            .unwrap();
         for _ in 0..2 {
             let lock = multi.lock(&name);
             let admin = support::fred_client(&store.url()).await;

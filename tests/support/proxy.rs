@@ -27,6 +27,10 @@ struct Shared {
     partitioned: watch::Sender<bool>,
     /// Bumped to close every open connection.
     epoch: watch::Sender<u64>,
+    /// True while requests (client to server) are held back; replies still flow.
+    stalled: watch::Sender<bool>,
+    /// A reply chunk containing these bytes is held back this long, once.
+    delay_once: parking_lot::Mutex<Option<(Vec<u8>, Duration)>>,
 }
 
 impl Proxy {
@@ -40,6 +44,8 @@ impl Proxy {
             cut_replies: AtomicBool::new(false),
             partitioned: watch::channel(false).0,
             epoch: watch::channel(0).0,
+            stalled: watch::channel(false).0,
+            delay_once: parking_lot::Mutex::new(None),
         });
         let accept = tokio::spawn(accept_loop(listener, shared.clone()));
         Proxy { port, shared, accept }
@@ -78,6 +84,18 @@ impl Proxy {
     /// (say, a script) runs on the server, but its reply never reaches the client.
     pub fn cut_replies(&self, on: bool) {
         self.shared.cut_replies.store(on, Ordering::Relaxed);
+    }
+
+    /// While on, requests wait in the proxy (in order) and replies and pushed messages still reach
+    /// the clients: a one-way stall.
+    pub fn stall_requests(&self, on: bool) {
+        self.shared.stalled.send_replace(on);
+    }
+
+    /// The next reply chunk that contains `pattern` is held back for `delay` (and everything behind
+    /// it on that connection, whose order is kept).
+    pub fn delay_reply_once(&self, pattern: &[u8], delay: Duration) {
+        *self.shared.delay_once.lock() = Some((pattern.to_vec(), delay));
     }
 
     /// Points the proxy at another server and drops the connections to the old one.
@@ -144,6 +162,28 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
         };
         if replies && shared.cut_replies.load(Ordering::Relaxed) {
             return;
+        }
+        if !replies {
+            let mut stalled = shared.stalled.subscribe();
+            if stalled.wait_for(|s| !s).await.is_err() {
+                return;
+            }
+        }
+        if replies {
+            let delay = {
+                let mut armed = shared.delay_once.lock();
+                let hit = armed
+                    .as_ref()
+                    .is_some_and(|(pattern, _)| buf[..n].windows(pattern.len()).any(|w| w == &pattern[..]));
+                if hit {
+                    armed.take().map(|(_, delay)| delay)
+                } else {
+                    None
+                }
+            };
+            if let Some(delay) = delay {
+                tokio::time::sleep(delay).await;
+            }
         }
         let latency = shared.latency_us.load(Ordering::Relaxed);
         if latency > 0 {
