@@ -41,22 +41,26 @@ impl LockClient {
         LockClient::connect_with(url, LockConfig::default()).await
     }
 
-    /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`) and loads the
-    /// scripts. Fails with [`Error::InvalidConfig`] for a bad URL or configuration (before any I/O),
-    /// and with [`Error::Timeout`] or [`Error::Redis`] when the server cannot be reached within the
-    /// command timeout. Lost connections are re-established in the background.
+    /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for
+    /// TLS), loads the scripts and checks that the user may run them and subscribe to the release
+    /// channels (ACL). Fails with [`Error::InvalidConfig`] for a bad URL or configuration (before any
+    /// I/O; also `rediss://` when relock was built without a TLS feature), and with
+    /// [`Error::Timeout`] or [`Error::Redis`] (a refused login or TLS handshake, a `NOPERM`) when the
+    /// server cannot be used within the command timeout. Lost connections are re-established in the
+    /// background.
     pub async fn connect_with(url: &str, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
         let node = Node::build(url, config.get_command_timeout())?;
         LockClient::start(node, config, true).await
     }
 
-    /// Builds a client on an existing fred client (which it connects if needed). A second connection,
-    /// for release messages, is made from the same configuration. Whatever the fred client's own
-    /// settings, relock sends each of its requests once (per-command `max_attempts = 1`) and bounds
-    /// it by `command_timeout`. Give the client a reconnect policy, and `max_command_buffer_len`
-    /// bounds what it buffers while the server is away (requests that timed out are dropped from
-    /// that buffer only when it reconnects).
+    /// Builds a client on an existing fred client (which it connects if needed), e.g. one with a TLS
+    /// configuration that trusts a private CA. A second connection, for release messages, is made from
+    /// the same configuration. Whatever the fred client's own settings, relock sends each of its
+    /// requests once (per-command `max_attempts = 1`) and bounds it by `command_timeout`. Give the
+    /// client a reconnect policy; its `max_command_buffer_len` bounds what it buffers while the server
+    /// is away (requests that timed out are dropped from that buffer only when it reconnects).
+    /// Checked at connect as [`connect_with`](LockClient::connect_with) is.
     pub async fn from_fred(client: fred::clients::Client, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
         use fred::interfaces::ClientLike;
@@ -74,7 +78,8 @@ impl LockClient {
 
     async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
         let timeout = config.get_command_timeout();
-        node.init(EvictionCheck::of(&config), timeout).await?;
+        node.init(EvictionCheck::of(&config), timeout, config.get_key_prefix())
+            .await?;
         // One server: its restart loses the locks whatever the quorum does, so nothing to quarantine.
         let quorum = QuorumConfig::default()
             .node_timeout(timeout)

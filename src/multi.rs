@@ -78,7 +78,8 @@ impl MultiLock {
         // Connecting may take longer than one request: it is bounded by the command timeout.
         let eviction = EvictionCheck::of(&lock_config);
         let timeout = lock_config.get_command_timeout().max(config.node_timeout);
-        let inits = nodes.iter().map(|node| node.init(eviction, timeout));
+        let prefix = lock_config.get_key_prefix();
+        let inits = nodes.iter().map(|node| node.init(eviction, timeout, prefix));
         let results = futures::future::join_all(inits).await;
         if let Some(Err(err)) = results.iter().find(|r| matches!(r, Err(e) if e.is_bad_input())) {
             return Err(err.clone());

@@ -168,6 +168,7 @@ impl Node {
     /// Builds the clients of a node from a URL and starts connecting; `Err` only for a bad URL.
     /// `timeout` bounds every request to the node.
     pub(crate) fn build(url: &str, timeout: Duration) -> Result<Node, Error> {
+        check_tls(url)?;
         let mut config =
             Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
         // A server down at start is retried like one that went away later (a MultiLock master may
@@ -251,16 +252,21 @@ impl Node {
         self.health.lock().run_id.clone()
     }
 
-    /// Connects the command client (if not connected yet), checks the server and loads the scripts,
-    /// within `timeout`.
-    pub(crate) async fn init(&self, eviction: EvictionCheck, timeout: Duration) -> Result<(), Error> {
+    /// Connects the command client (if not connected yet), checks the server, loads the scripts and
+    /// checks that the user may run them on keys and channels under `prefix` (see
+    /// [`check_access`]), within `timeout`. If the connection never came up, the timeout reports
+    /// fred's last connection error (a TLS handshake that failed, a connection reset) rather than a
+    /// bare [`Error::Timeout`].
+    pub(crate) async fn init(&self, eviction: EvictionCheck, timeout: Duration, prefix: &str) -> Result<(), Error> {
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
         let mut errors = self.client.error_rx();
+        let last_error = Mutex::new(None);
         let refused = async {
             loop {
                 match errors.recv().await {
                     Ok((err, _)) if *err.kind() == fred::error::ErrorKind::Auth => return Error::Redis(err),
-                    Ok(_) | Err(RecvError::Lagged(_)) => {}
+                    Ok((err, _)) => *last_error.lock() = Some(err),
+                    Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => std::future::pending::<()>().await,
                 }
             }
@@ -276,6 +282,7 @@ impl Node {
             let info = server_info(&self.cmd).await?;
             self.check(&info, eviction).await?;
             scripts().load_all(&self.cmd).await?;
+            check_access(&self.cmd, &self.waiters, prefix).await?;
             self.health.lock().observe(&info, &self.server);
             Ok::<_, Error>(())
         };
@@ -285,9 +292,13 @@ impl Node {
                 err = refused => Err(err),
             }
         };
-        tokio::time::timeout(timeout, work)
-            .await
-            .map_err(|_| Error::Timeout(timeout))?
+        match tokio::time::timeout(timeout, work).await {
+            Ok(done) => done,
+            Err(_) => match last_error.lock().take() {
+                Some(err) if !self.client.is_connected() => Err(Error::Redis(err)),
+                _ => Err(Error::Timeout(timeout)),
+            },
+        }
     }
 
     /// Refuses a server relock cannot run on safely, before anything is written.
@@ -503,6 +514,69 @@ async fn server_info<C: ClientLike + fred::interfaces::ServerInterface>(
 ) -> Result<ServerInfo, Error> {
     let info: String = client.info(None).await?;
     Ok(ServerInfo::parse(&info))
+}
+
+/// Refuses a TLS URL (`rediss://`, `valkeys://` and their cluster and sentinel forms) when the crate
+/// was built without a TLS feature, since fred would then only log a warning and connect in plaintext.
+/// With `tls-rustls`, makes sure rustls has a process-wide crypto provider (ring) before fred builds
+/// its TLS configuration from the URL, which would panic without one.
+fn check_tls(url: &str) -> Result<(), Error> {
+    let scheme = url
+        .split_once("://")
+        .map_or("", |(scheme, _)| scheme)
+        .to_ascii_lowercase();
+    if !(scheme.starts_with("rediss") || scheme.starts_with("valkeys")) {
+        return Ok(());
+    }
+    if cfg!(not(any(feature = "tls-rustls", feature = "tls-native"))) {
+        return Err(Error::InvalidConfig(format!(
+            "a {scheme}:// URL asks for TLS, but relock was built without TLS \
+             (enable its `tls-rustls` or `tls-native` feature)"
+        )));
+    }
+    #[cfg(feature = "tls-rustls")]
+    if fred::rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Err: another thread installed one meanwhile, which serves as well.
+        let _ = fred::rustls::crypto::ring::default_provider().install_default();
+    }
+    Ok(())
+}
+
+/// Checks at connect what a restricted ACL user would otherwise only meet later: one `EVALSHA` of the
+/// renew script on a key no lock can have (`prefix:{}`: names are never empty), which changes nothing,
+/// and at the same time, on the subscriber connection, a `SUBSCRIBE`, `PING` and `UNSUBSCRIBE` of that
+/// key's release channel (see [`Waiters::check`]). A `NOPERM` (the command, the key pattern or the
+/// channel pattern) fails the connect. Commands that the scripts run are not all checked: the renew
+/// script only reads (`HEXISTS`, under `pcall`) on this key.
+async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &str) -> Result<(), Error> {
+    let probe = LockKeys::new(prefix, "");
+    let script = async {
+        let keys = vec![Key::from(&*probe.lock)];
+        let args = vec![Value::from(""), millis(Duration::ZERO)];
+        let _: Vec<i64> = scripts().renew.run(client, keys, args).await.map_err(|err| {
+            denied(
+                err,
+                &format!("EVALSHA of a relock script on the key {}", probe.lock),
+            )
+        })?;
+        Ok::<_, Error>(())
+    };
+    let channel = async {
+        waiters
+            .check(&probe.channel)
+            .await
+            .map_err(|err| denied(err, &format!("SUBSCRIBE to the channel {}", probe.channel)))
+    };
+    futures::future::try_join(script, channel).await?;
+    Ok(())
+}
+
+/// A failed connect check, saying what was checked.
+fn denied(err: fred::error::Error, what: &str) -> Error {
+    Error::Redis(fred::error::Error::new(
+        err.kind().clone(),
+        format!("{what} failed at connect: {}", err.details()),
+    ))
 }
 
 /// Follows the command connection: an error makes the master suspect until its `run_id` is read

@@ -38,6 +38,8 @@ struct Shared {
 /// The waiting side of one node.
 pub(crate) struct Waiters {
     shared: Arc<Shared>,
+    /// The subscriber connection (the task's own handle is the one that closes it).
+    subscriber: Client,
 }
 
 /// Interest in one release channel; dropping it gives the interest up.
@@ -51,8 +53,35 @@ impl Waiters {
     /// Starts the subscriber task of a node on its own connection `subscriber` (already connecting).
     pub(crate) fn start(subscriber: Client) -> Waiters {
         let shared = Arc::new(Shared::default());
-        tokio::spawn(run(Arc::downgrade(&shared), subscriber));
-        Waiters { shared }
+        tokio::spawn(run(Arc::downgrade(&shared), subscriber.clone()));
+        Waiters { shared, subscriber }
+    }
+
+    /// Subscribes to `channel` and unsubscribes again, once the subscriber connection is up: tells at
+    /// connect whether the server lets this user subscribe to relock's channels (ACL). Unbounded in
+    /// time; the caller bounds it. Only for a subscriber connection without subscriptions yet.
+    ///
+    /// fred does not wait for the reply of `SUBSCRIBE`: its `Ok` says nothing, and a refusal
+    /// (`NOPERM`) is dropped, or handed to the next command awaiting a reply if one is queued by then.
+    /// So a `PING` follows: it gets that refusal if it was queued in time, and over RESP2 its reply
+    /// shows in any case whether the connection is in subscribed mode (`["pong", ""]`) or not
+    /// (`PONG`). Over RESP3 (a fred client so configured) only the first way tells.
+    pub(crate) async fn check(&self, channel: &str) -> Result<(), fred::error::Error> {
+        self.subscriber.wait_for_connect().await?;
+        self.subscriber.subscribe(channel).await?;
+        let pong: fred::types::Value = self.subscriber.ping(None).await?;
+        self.subscriber.unsubscribe(channel).await?;
+        let resp2 = self.subscriber.protocol_version() == fred::types::RespVersion::RESP2;
+        if resp2 && !matches!(pong, fred::types::Value::Array(_)) {
+            return Err(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                format!(
+                    "SUBSCRIBE {channel} was refused, most likely by the user's ACL (a PING after it \
+                     was answered {pong:?}, outside of subscribed mode)"
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Registers interest in `channel`. The returned wake-up is already armed, so nothing published
