@@ -573,9 +573,9 @@ impl Core {
         self.watchdog_kick.notify_one();
         for node in &self.nodes {
             node.waiters.wake_all();
-            if self.owns_clients {
-                node.close().await;
-            }
+        }
+        if self.owns_clients {
+            futures::future::join_all(self.nodes.iter().map(|node| node.close())).await;
         }
         tracing::debug!(client = %self.id, released = holds.len(), "lock client shut down");
     }

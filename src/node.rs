@@ -257,7 +257,12 @@ impl Node {
     /// [`check_access`]), within `timeout`. If the connection never came up, the timeout reports
     /// fred's last connection error (a TLS handshake that failed, a connection reset) rather than a
     /// bare [`Error::Timeout`].
-    pub(crate) async fn init(&self, eviction: EvictionCheck, timeout: Duration, prefix: &str) -> Result<(), Error> {
+    pub(crate) async fn init(
+        &self,
+        eviction: EvictionCheck,
+        timeout: Duration,
+        prefix: &str,
+    ) -> Result<(), Error> {
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
         let mut errors = self.client.error_rx();
         let last_error = Mutex::new(None);

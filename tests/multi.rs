@@ -533,3 +533,55 @@ async fn shutdown_returns_promptly_with_masters_gone() {
     );
     assert!(!guard.is_held());
 }
+
+/// A master that restarted empty just before a client first saw it sits out too: its uptime tells.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_restarted_before_a_client_connects_sits_out_on_first_sight() {
+    use support::proxy::Proxy;
+
+    let mut servers = servers(5);
+    let lease = Duration::from_secs(2);
+    let config = |quarantine: bool| {
+        QuorumConfig::default()
+            .node_timeout(Duration::from_millis(300))
+            .restart_quarantine(quarantine)
+            .lock_config(
+                lock_config()
+                    .watchdog_timeout(lease)
+                    .command_timeout(Duration::from_millis(500)),
+            )
+    };
+    // Old enough to vote for a client that keeps the rule.
+    age(lease).await;
+    // The holder reaches only masters 0, 1 and 2: it holds the lock on exactly a bare majority.
+    let mut proxies = Vec::new();
+    for server in &servers {
+        proxies.push(Proxy::start(server.port()).await);
+    }
+    proxies[3].partition(true);
+    proxies[4].partition(true);
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let holder = MultiLock::connect_with(&urls, config(false)).await.unwrap();
+    let name = unique_name("first-sight");
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    // One of the three restarts empty, and then new clients connect for the first time.
+    servers[2].restart();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let careful = MultiLock::connect_with(&urls, config(true)).await.unwrap();
+    let careless = MultiLock::connect_with(&urls, config(false)).await.unwrap();
+
+    let refused = careful.lock(&name).try_acquire().await;
+    assert!(guard.is_held(), "the holder's lease should still be valid");
+    assert!(
+        matches!(refused, Ok(None) | Err(Error::Quorum { .. })),
+        "{refused:?}"
+    );
+    // The control: without the rule, the empty master makes the majority, and two hold the lock.
+    let stolen = careless.lock(&name).try_acquire().await.unwrap();
+    assert!(
+        stolen.is_some() && guard.is_held(),
+        "the control case should show the hazard"
+    );
+}

@@ -116,7 +116,8 @@ impl Cluster {
             ..self.template.clone()
         };
         let stderr = std::fs::File::create(self.dir.join(format!("worker-{id}.err"))).expect("worker log");
-        let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        let mut command = Command::new(std::env::current_exe().expect("test binary"));
+        command
             .args([
                 "--ignored",
                 "--exact",
@@ -127,9 +128,9 @@ impl Cluster {
             .envs(settings.to_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn worker");
+            .stderr(stderr);
+        // Tied to this process: a killed harness leaves no worker behind.
+        let mut child = crate::support::spawn_tied(command).expect("spawn worker");
         let stdout = child.stdout.take().expect("worker stdout");
         let stdin = child.stdin.take();
         let events = self.events.clone();

@@ -17,7 +17,7 @@ pub enum Fault {
     KillHolder,
     /// SIGSTOP of a worker that holds a lock, past its lease (the GC pause), then SIGCONT.
     StopHolder,
-    /// `SCRIPT FLUSH` on the servers.
+    /// `SCRIPT FLUSH` on the servers, with the replies of the reloads held back.
     ScriptFlush,
     /// Added latency on one worker's connections.
     Latency,
@@ -162,6 +162,14 @@ impl Nemesis {
                 tokio::time::sleep(lease + Duration::from_millis(1500)).await;
             }
             Fault::ScriptFlush => {
+                // The reloads that follow (`SCRIPT LOAD` answers a 40-byte SHA) answer late on every
+                // link, past the request timeouts: a call resent after them would run behind later
+                // calls (safety review, finding 2).
+                for proxies in &cluster.proxies {
+                    for proxy in proxies {
+                        proxy.delay_reply_once(b"$40\r\n", Duration::from_millis(400));
+                    }
+                }
                 for server in cluster.lock_servers() {
                     server.cmd(&["SCRIPT", "FLUSH"]);
                 }

@@ -61,7 +61,8 @@ impl RedisServer {
 
     fn spawn(&mut self) -> bool {
         let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -85,9 +86,8 @@ impl RedisServer {
             .args(&self.args)
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("redis-server must be on PATH");
+            .stdin(Stdio::null());
+        let child = spawn_tied(command).expect("redis-server must be on PATH");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -304,6 +304,46 @@ fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
         }
         _ => return Err(bad()),
     })
+}
+
+/// Starts `command` from one thread that lives as long as this process, with the kernel asked to
+/// SIGKILL the child when that thread dies (`PR_SET_PDEATHSIG` follows the thread that forked): so
+/// a server never outlives a test process that was killed. Drop still kills it on a normal exit.
+pub fn spawn_tied(command: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Request>>> = std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Request>();
+        std::thread::spawn(move || {
+            let parent = std::process::id() as libc::pid_t;
+            for (mut command, reply) in rx {
+                // SAFETY: only async-signal-safe calls between fork and exec.
+                unsafe {
+                    command.pre_exec(move || {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        // The parent died before the line above: nobody would kill us.
+                        if libc::getppid() != parent {
+                            libc::_exit(1);
+                        }
+                        Ok(())
+                    });
+                }
+                let _ = reply.send(command.spawn());
+            }
+        });
+        std::sync::Mutex::new(tx)
+    });
+    let (reply, answer) = mpsc::channel();
+    spawner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((command, reply))
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
 }
 
 fn free_port() -> u16 {

@@ -42,7 +42,8 @@ impl TlsRedisServer {
 
     fn spawn(&mut self) -> bool {
         let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
-        let child = Command::new("redis-server")
+        let mut command = Command::new("redis-server");
+        command
             .args(["--port", "0", "--tls-port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args([
@@ -64,9 +65,8 @@ impl TlsRedisServer {
             .arg(&self.dir)
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("redis-server must be on PATH");
+            .stdin(Stdio::null());
+        let child = super::spawn_tied(command).expect("redis-server must be on PATH");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
