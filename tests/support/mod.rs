@@ -322,7 +322,9 @@ pub fn spawn_tied(command: Command) -> std::io::Result<Child> {
                 // SAFETY: only async-signal-safe calls between fork and exec.
                 unsafe {
                     command.pre_exec(move || {
-                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
+                            return Err(std::io::Error::last_os_error());
+                        }
                         // The parent died before the line above: nobody would kill us.
                         if libc::getppid() != parent {
                             libc::_exit(1);
