@@ -428,7 +428,9 @@ async fn redlock_quorum(mode: &Mode, masters: &[RedisServer], rows: &mut Vec<Row
         let params = format!("masters={n}");
         let base = support::unique_name("q");
 
-        let multi = MultiLock::connect_with(&refs, QuorumConfig::default())
+        // The masters were started moments ago (and hold no locks): the restart quarantine would keep
+        // them out of every quorum at first.
+        let multi = MultiLock::connect_with(&refs, QuorumConfig::default().restart_quarantine(false))
             .await
             .unwrap();
         let stats = run_tasks(1, mode.run, |_, d| relock_uncontended(multi.lock(&base), d)).await;

@@ -23,8 +23,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("started {} throwaway masters", servers.len());
     }
     let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // Masters up for less than the longest lease sit out of quorums (they may have restarted and
+    // forgotten locks). Throwaway masters started a moment ago never granted any: let them vote.
+    let fresh = !servers.is_empty();
     let config = QuorumConfig::default()
         .node_timeout(Duration::from_millis(100))
+        .restart_quarantine(!fresh)
         .lock_config(LockConfig::default().watchdog_timeout(Duration::from_secs(10)));
     let multi = MultiLock::connect_with(&refs, config).await?;
     let lock = multi.lock(&format!("orders:{}", std::process::id()));
