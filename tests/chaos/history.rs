@@ -56,6 +56,10 @@ pub enum Kind {
     Write { valid_ns: u64, store: Store },
     /// `until_lost` stopped the work: the lease was lost.
     Lost,
+    /// The guard's release begins at `t`: written before the release is awaited, so that a holder
+    /// killed while its release is on the way (already freeing the lock for others) still says where
+    /// its section ended.
+    Releasing,
     /// The guard's release began at `t`; its outcome.
     Release(String),
 }
@@ -80,6 +84,7 @@ impl fmt::Display for Event {
             Kind::Read { valid_ns, store } => write!(f, "read {valid_ns} {store}"),
             Kind::Write { valid_ns, store } => write!(f, "write {valid_ns} {store}"),
             Kind::Lost => write!(f, "lost"),
+            Kind::Releasing => write!(f, "releasing"),
             Kind::Release(outcome) => write!(f, "rel {outcome}"),
         }
     }
@@ -121,6 +126,7 @@ impl Event {
                 store: store(1)?,
             },
             "lost" => Kind::Lost,
+            "releasing" => Kind::Releasing,
             "rel" => Kind::Release(rest.join(" ")),
             _ => return None,
         };
@@ -346,7 +352,7 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
                     s.valid_end = s.valid_end.min(ev.t);
                 }
             }
-            Kind::Release(_) => {
+            Kind::Releasing | Kind::Release(_) => {
                 if let Some(s) = open.remove(&key) {
                     close(s, ev.t, &mut done);
                 }
@@ -565,6 +571,7 @@ fn events_round_trip_through_their_lines() {
             store: Store::Failed,
         },
         Kind::Lost,
+        Kind::Releasing,
         Kind::Release("notheld".into()),
     ];
     for kind in events {
@@ -746,4 +753,42 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
         (0, 1),
         "{report}"
     );
+    // A holder killed while its release was on the way: the release freed the lock (a successor got
+    // it) but no outcome line was written. Its `releasing` line ends the section; without it, the
+    // section would run on to the kill and look like a valid overlap.
+    let grant = |worker, t, token| {
+        ev(
+            worker,
+            t,
+            Kind::Grant {
+                token,
+                valid_ns: 1000 * ms,
+            },
+        )
+    };
+    let killed_releasing = vec![
+        grant(1, 0, 5),
+        ev(1, 20 * ms, Kind::Releasing),
+        grant(2, 30 * ms, 6),
+        ev(2, 40 * ms, Kind::Releasing),
+        ev(2, 40 * ms, Kind::Release("ok".into())),
+    ];
+    let harness = Harness {
+        end: 500 * ms,
+        crashes: vec![Crash {
+            worker: 1,
+            t: 100 * ms,
+            items: vec![1],
+            killed: true,
+        }],
+        ..Harness::default()
+    };
+    let report = check(&killed_releasing, &harness);
+    assert_eq!(report.valid_overlaps, 0, "{report}");
+    let unmarked: Vec<Event> = killed_releasing
+        .into_iter()
+        .filter(|e| !(e.worker == 1 && e.kind == Kind::Releasing))
+        .collect();
+    let report = check(&unmarked, &harness);
+    assert_eq!(report.valid_overlaps, 1, "the control: {report}");
 }

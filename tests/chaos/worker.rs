@@ -287,6 +287,7 @@ async fn sell(
             work.await;
         }
         let t = now_ns();
+        emit(item, t, Kind::Releasing);
         let outcome = match guard.release().await {
             Ok(()) => "ok".to_string(),
             Err(Error::NotHeld) => "notheld".to_string(),
