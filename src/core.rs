@@ -191,6 +191,10 @@ impl Core {
     /// node (one server under two names would be two votes).
     pub(crate) fn voters(&self) -> Vec<bool> {
         let quarantine = self.quarantine();
+        if let [node] = &self.nodes[..] {
+            // One server cannot repeat another: no run_id to compare on every acquisition.
+            return vec![quarantine.is_none_or(|q| node.may_vote(q))];
+        }
         let mut seen: Vec<String> = Vec::new();
         self.nodes
             .iter()
@@ -199,7 +203,7 @@ impl Core {
                     return false;
                 }
                 let Some(run_id) = node.run_id() else {
-                    return self.nodes.len() == 1;
+                    return false; // not reached yet: it may be another master under another name
                 };
                 if seen.contains(&run_id) {
                     tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
@@ -320,9 +324,8 @@ impl Core {
                 None => self.lock_hold(keys, owner).await,
             };
             let start = Instant::now();
-            let bound = until.map_or(start + self.attempt_bound(), |u| {
-                u.min(start + self.attempt_bound())
-            });
+            let own_bound = start + self.attempt_bound();
+            let bound = until.map_or(own_bound, |until| until.min(own_bound));
             // A reentrant acquisition joins the hold as it is, lease mode included.
             let (target, gen, field, lease) = {
                 let st = hold.state.lock();

@@ -211,14 +211,14 @@ impl Lock {
         // The release message this waiter was woken by, until an attempt used it.
         let mut wake_up = WakeUp(None);
         let mut refused = false;
+        let until = match wait {
+            Wait::Until(until, _) => Some(until),
+            Wait::Once | Wait::Forever => None,
+        };
         loop {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
-            let (until, asked) = match wait {
-                Wait::Until(until, asked) => (Some(until), asked),
-                _ => (None, Duration::ZERO),
-            };
             let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode, until).await {
                 Ok(Attempt::Granted(guard)) => {
                     wake_up.0 = None;
@@ -231,20 +231,18 @@ impl Lock {
                 }
                 // The caller's wait ran out during an attempt (abandoned, undone in the background).
                 Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
-                    return if refused {
-                        Ok(None)
-                    } else {
-                        Err(Error::Timeout(asked))
+                    return match wait {
+                        Wait::Until(_, asked) if !refused => Err(Error::Timeout(asked)),
+                        _ => Ok(None),
                     };
                 }
                 Err(err) => return Err(err),
             };
-            let until = match wait {
+            match wait {
                 Wait::Once => return Ok(None),
                 Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
-                Wait::Until(until, _) => Some(until),
-                Wait::Forever => None,
-            };
+                Wait::Until(..) | Wait::Forever => {}
+            }
             if subscriptions.is_empty() {
                 let mut confirmed = true;
                 for node in &self.core.nodes {

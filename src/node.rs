@@ -51,7 +51,7 @@ pub(crate) struct Node {
     /// once (never resent by fred).
     cmd: WithOptions<Client>,
     /// The bound of one request.
-    pub(crate) timeout: Duration,
+    timeout: Duration,
     pub(crate) waiters: Waiters,
     batcher: Batcher,
     /// `host:port`, to tell masters apart.
@@ -407,9 +407,7 @@ impl Node {
         // Bounded as a whole, the wait for a free call slot included; an operation whose caller
         // left is never sent (see the batcher).
         match tokio::time::timeout(self.timeout, run).await {
-            Ok(Err(Error::Redis(err))) if *err.kind() == fred::error::ErrorKind::Timeout => {
-                Err(Error::Timeout(self.timeout))
-            }
+            Ok(Err(Error::Redis(err))) => Err(self.redis_error(err)),
             Ok(outcome) => outcome,
             Err(_) => Err(Error::Timeout(self.timeout)),
         }
@@ -478,12 +476,17 @@ impl Node {
         request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
     ) -> Result<R, Error> {
         match tokio::time::timeout(self.timeout + BACKSTOP, request).await {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(err)) if *err.kind() == fred::error::ErrorKind::Timeout => {
-                Err(Error::Timeout(self.timeout))
-            }
-            Ok(Err(err)) => Err(Error::Redis(err)),
+            Ok(outcome) => outcome.map_err(|err| self.redis_error(err)),
             Err(_) => Err(Error::Timeout(self.timeout)),
+        }
+    }
+
+    /// A fred error of a request to this node: its own timeout is relock's [`Error::Timeout`].
+    fn redis_error(&self, err: fred::error::Error) -> Error {
+        if *err.kind() == fred::error::ErrorKind::Timeout {
+            Error::Timeout(self.timeout)
+        } else {
+            Error::Redis(err)
         }
     }
 
@@ -514,9 +517,7 @@ pub(crate) async fn close(client: Client, connection: Option<fred::types::Connec
 const BACKSTOP: Duration = Duration::from_millis(20);
 
 /// One `INFO` (all default sections: server, memory, cluster among them).
-async fn server_info<C: ClientLike + fred::interfaces::ServerInterface>(
-    client: &C,
-) -> Result<ServerInfo, Error> {
+async fn server_info<C: ClientLike>(client: &C) -> Result<ServerInfo, Error> {
     let info: String = client.info(None).await?;
     Ok(ServerInfo::parse(&info))
 }
