@@ -6,9 +6,9 @@ mod support;
 use std::future::Future;
 use std::time::Duration;
 
-use relock::{Error, Lock, LockClient, LockConfig, LockGuard, MultiLock, QuorumConfig};
+use relock::{Error, LockClient, LockConfig, LockGuard, MultiLock, QuorumConfig};
 use support::proxy::Proxy;
-use support::{unique_name, RedisServer};
+use support::{unique_name, Locks, RedisServer};
 use tokio::time::Instant;
 
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
@@ -31,26 +31,7 @@ enum Topology {
     Multi,
 }
 
-enum Locks {
-    One(LockClient),
-    Quorum(MultiLock),
-}
-
 impl Locks {
-    fn lock(&self, name: &str) -> Lock {
-        match self {
-            Locks::One(client) => client.lock(name),
-            Locks::Quorum(multi) => multi.lock(name),
-        }
-    }
-
-    async fn shutdown(&self) {
-        match self {
-            Locks::One(client) => client.shutdown().await,
-            Locks::Quorum(multi) => multi.shutdown().await,
-        }
-    }
-
     /// The documented bound of one attempt: the request timeout, and for a quorum the fence too.
     fn attempt_bound(&self) -> Duration {
         match self {
@@ -93,10 +74,7 @@ async fn check(topology: Topology, fault: Fault) {
         Topology::Multi => 3,
     };
     let mut servers: Vec<RedisServer> = (0..count).map(|_| RedisServer::start()).collect();
-    let mut proxies = Vec::new();
-    for server in &servers {
-        proxies.push(Proxy::start(server.port()).await);
-    }
+    let proxies = support::proxy::in_front_of(&servers).await;
     let config = LockConfig::default()
         .watchdog_timeout(Duration::from_secs(10))
         .command_timeout(COMMAND_TIMEOUT);

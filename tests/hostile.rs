@@ -386,10 +386,7 @@ async fn a_connection_cut_mid_script_is_an_error_and_the_grant_is_undone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let mut proxies = Vec::new();
-    for server in &servers {
-        proxies.push(Proxy::start(server.port()).await);
-    }
+    let proxies = support::proxy::in_front_of(&servers).await;
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let lock_config = LockConfig::default().watchdog_timeout(Duration::from_secs(20));

@@ -554,10 +554,7 @@ async fn a_master_restarted_before_a_client_connects_sits_out_on_first_sight() {
     // Old enough to vote for a client that keeps the rule.
     age(lease).await;
     // The holder reaches only masters 0, 1 and 2: it holds the lock on exactly a bare majority.
-    let mut proxies = Vec::new();
-    for server in &servers {
-        proxies.push(Proxy::start(server.port()).await);
-    }
+    let proxies = support::proxy::in_front_of(&servers).await;
     proxies[3].partition(true);
     proxies[4].partition(true);
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();

@@ -20,10 +20,7 @@ struct Masters {
 
 async fn masters(lease: Duration) -> Masters {
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
-    let mut proxies = Vec::new();
-    for server in &servers {
-        proxies.push(Proxy::start(server.port()).await);
-    }
+    let proxies = support::proxy::in_front_of(&servers).await;
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     // Restarts are not what these are about (and the servers are new): keep every master voting.

@@ -70,16 +70,12 @@ impl Cluster {
         };
         let mut proxies = Vec::new();
         for _ in 0..slots {
-            let mut row = Vec::new();
-            match topology {
-                Topology::Replicated => row.push(Proxy::start(servers[0].port()).await),
-                _ => {
-                    for server in &servers {
-                        row.push(Proxy::start(server.port()).await);
-                    }
-                }
-            }
-            proxies.push(row);
+            // The replicated topology is reached through the primary's address alone.
+            let reached = match topology {
+                Topology::Replicated => &servers[..1],
+                _ => &servers[..],
+            };
+            proxies.push(crate::support::proxy::in_front_of(reached).await);
         }
         let store = RedisServer::start();
         Cluster {

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use relock::{Error, Lock, LockClient, LockConfig, MultiLock, QuorumConfig};
 
+use crate::support::Locks;
+
 use crate::history::{now_ns, Event, Kind, Store};
 use crate::{store, Rng, Topology};
 
@@ -59,13 +61,8 @@ impl Settings {
     }
 }
 
-/// One lock client of the worker, of either kind: the rest of the code cannot tell them apart.
-enum Locks {
-    One(LockClient),
-    Quorum(MultiLock),
-}
-
 impl Locks {
+    /// The worker's lock client, of the topology's kind: the rest of the code cannot tell them apart.
     async fn connect(settings: &Settings) -> Result<Locks, Error> {
         let config = LockConfig::default()
             .watchdog_timeout(settings.lease)
@@ -82,20 +79,6 @@ impl Locks {
                 Locks::One(LockClient::connect_with(&settings.urls[0], config).await?)
             }
         })
-    }
-
-    fn lock(&self, name: &str) -> Lock {
-        match self {
-            Locks::One(client) => client.lock(name),
-            Locks::Quorum(multi) => multi.lock(name),
-        }
-    }
-
-    async fn shutdown(&self) {
-        match self {
-            Locks::One(client) => client.shutdown().await,
-            Locks::Quorum(multi) => multi.shutdown().await,
-        }
     }
 }
 

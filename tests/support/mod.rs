@@ -60,52 +60,15 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> bool {
-        let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
-        let mut command = Command::new("redis-server");
-        command
-            .args([
-                "--port",
-                &self.port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args([
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .arg("--dir")
-            .arg(&self.dir)
-            .args(&self.args)
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .stdin(Stdio::null());
-        let child = spawn_tied(command).expect("redis-server must be on PATH");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
-                self.child = None;
-                return false; // exited: most likely the port was taken meanwhile
-            }
-            if let Ok(reply) = self.try_cmd_timeout(&["PING"], Duration::from_millis(500)) {
-                if matches!(&reply, Reply::Str(s) if s == "PONG")
-                    || matches!(&reply, Reply::Err(e) if e.starts_with("NOAUTH"))
-                {
-                    return true;
-                }
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        panic!("redis-server on port {} did not come up:\n{log}", self.port);
+        let mut args: Vec<std::ffi::OsString> = vec!["--port".into(), self.port.to_string().into()];
+        args.extend(self.args.iter().map(Into::into));
+        let ready = || match self.try_cmd_timeout(&["PING"], Duration::from_millis(500)) {
+            Ok(Reply::Str(s)) => s == "PONG",
+            Ok(Reply::Err(e)) => e.starts_with("NOAUTH"),
+            _ => false,
+        };
+        self.child = spawn_redis(&self.dir, self.port, &args, ready);
+        self.child.is_some()
     }
 
     pub fn port(&self) -> u16 {
@@ -306,6 +269,51 @@ fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
     })
 }
 
+/// Starts a throwaway redis-server in `dir` (no persistence, loopback only, its log in
+/// `dir/redis.log`) with `args` (the port among them), tied to this process (see [`spawn_tied`]),
+/// and waits until `ready` says it answers on `port`. `None` if it exited first (most likely the port
+/// was taken meanwhile); panics with its log if it does not come up within 10 s.
+pub fn spawn_redis(
+    dir: &std::path::Path,
+    port: u16,
+    args: &[std::ffi::OsString],
+    mut ready: impl FnMut() -> bool,
+) -> Option<Child> {
+    let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args([
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--loglevel",
+            "warning",
+        ])
+        .arg("--dir")
+        .arg(dir)
+        .args(args)
+        .stdout(log.try_clone().expect("log file"))
+        .stderr(log)
+        .stdin(Stdio::null());
+    let mut child = spawn_tied(command).expect("redis-server must be on PATH");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return None;
+        }
+        if ready() {
+            return Some(child);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+    panic!("redis-server on port {port} did not come up:\n{log}");
+}
+
 /// Starts `command` from one thread that lives as long as this process, with the kernel asked to
 /// SIGKILL the child when that thread dies (`PR_SET_PDEATHSIG` follows the thread that forked): so
 /// a server never outlives a test process that was killed. Drop still kills it on a normal exit.
@@ -353,6 +361,28 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// A lock client of either kind, for code that runs the same over one Redis and a MultiLock.
+pub enum Locks {
+    One(relock::LockClient),
+    Quorum(relock::MultiLock),
+}
+
+impl Locks {
+    pub fn lock(&self, name: &str) -> relock::Lock {
+        match self {
+            Locks::One(client) => client.lock(name),
+            Locks::Quorum(multi) => multi.lock(name),
+        }
+    }
+
+    pub async fn shutdown(&self) {
+        match self {
+            Locks::One(client) => client.shutdown().await,
+            Locks::Quorum(multi) => multi.shutdown().await,
+        }
+    }
 }
 
 /// The Redis key of the lock `name` under the default prefix.

@@ -105,6 +105,15 @@ impl Proxy {
     }
 }
 
+/// A proxy in front of each server, in order.
+pub async fn in_front_of(servers: &[super::RedisServer]) -> Vec<Proxy> {
+    let mut proxies = Vec::with_capacity(servers.len());
+    for server in servers {
+        proxies.push(Proxy::start(server.port()).await);
+    }
+    proxies
+}
+
 impl Drop for Proxy {
     fn drop(&mut self) {
         self.accept.abort();

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -41,49 +41,28 @@ impl TlsRedisServer {
     }
 
     fn spawn(&mut self) -> bool {
-        let log = std::fs::File::create(self.dir.join("redis.log")).expect("log file");
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--port", "0", "--tls-port", &self.port.to_string()])
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args([
-                "--daemonize",
-                "no",
-                "--protected-mode",
-                "no",
-                "--loglevel",
-                "warning",
-            ])
-            .arg("--tls-cert-file")
-            .arg(self.dir.join("server.crt"))
-            .arg("--tls-key-file")
-            .arg(self.dir.join("server.key"))
-            .arg("--tls-ca-cert-file")
-            .arg(self.dir.join("ca.crt"))
-            .args(["--tls-auth-clients", "no"])
-            .arg("--dir")
-            .arg(&self.dir)
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .stdin(Stdio::null());
-        let child = super::spawn_tied(command).expect("redis-server must be on PATH");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(Ok(Some(_))) = self.child.as_mut().map(|c| c.try_wait()) {
-                self.child = None;
-                return false; // exited: most likely the port was taken meanwhile
-            }
-            let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+        let dir = &self.dir;
+        let args: Vec<std::ffi::OsString> = vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            self.port.to_string().into(),
+            "--tls-cert-file".into(),
+            dir.join("server.crt").into(),
+            "--tls-key-file".into(),
+            dir.join("server.key").into(),
+            "--tls-ca-cert-file".into(),
+            dir.join("ca.crt").into(),
+            "--tls-auth-clients".into(),
+            "no".into(),
+        ];
+        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
+        let ready = || {
+            TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
                 && self.try_cli(&["PING"]).is_some_and(|reply| reply == "PONG")
-            {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
-        panic!("TLS redis-server on port {} did not come up:\n{log}", self.port);
+        };
+        self.child = super::spawn_redis(dir, self.port, &args, ready);
+        self.child.is_some()
     }
 
     pub fn port(&self) -> u16 {
