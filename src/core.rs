@@ -93,8 +93,7 @@ pub(crate) enum Job {
         reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
     /// Bring Redis back in line with the local count of generation `gen` (`field`) of a hold after
-    /// an operation whose outcome is unknown (cancelled, timed out), or remove what is left of a
-    /// lost one.
+    /// an operation whose outcome is unknown (cancelled, timed out).
     Resync(Resync),
 }
 
@@ -215,23 +214,16 @@ impl Core {
             .collect()
     }
 
-    /// Ends generation `gen` of `hold` as lost, once, with a warning naming the lock; whatever is
-    /// left of it in Redis is removed in the background.
-    pub(crate) fn mark_lost(self: &Arc<Self>, hold: &Hold, gen: u64, reason: &str) {
+    /// Ends generation `gen` of `hold` as lost, once, with a warning naming the lock. What is left of
+    /// it in Redis is not removed here: it runs out with its lease, as it would had this client
+    /// crashed, so a holder that does not watch `lost()` is not overtaken sooner than that. Its
+    /// guards remove it when they go, and the owner's next acquisition replaces it.
+    pub(crate) fn mark_lost(&self, hold: &Hold, gen: u64, reason: &str) {
         let st = hold.state.lock();
-        if st.gen != gen || st.count == 0 || *st.lost.borrow() {
-            return;
+        if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
+            st.lost.send_replace(true);
+            tracing::warn!(lock = %hold.keys.name, owner = %hold.owner, reason, "lock lost");
         }
-        st.lost.send_replace(true);
-        tracing::warn!(lock = %hold.keys.name, owner = %hold.owner, reason, "lock lost");
-        let resync = Resync {
-            keys: hold.keys.clone(),
-            owner: hold.owner.clone(),
-            field: st.field.clone(),
-            gen,
-        };
-        drop(st);
-        self.enqueue(Job::Resync(resync));
     }
 
     /// The longest lease this client may have left in Redis: `watchdog_timeout`, or longer fixed ones.

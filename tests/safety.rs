@@ -394,3 +394,47 @@ async fn a_foreign_fence_fails_before_any_write() {
     assert!(matches!(err, Error::WrongType(_)), "{err:?}");
     assert!(!server.exists(&lock_key(&name)), "the lock was written");
 }
+
+/// The owner's next acquisition replaces an ended generation of its own hold that is still in
+/// Redis (a release on its way, a hold lost), and only that: another owner's field refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_replaces_its_own_ended_generation_only() {
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let name = unique_name("ended");
+    let key = lock_key(&name);
+    let owner = Owner::new();
+    let lock = client.lock(&name).owner(owner.clone());
+    let first = lock.acquire().await.unwrap();
+    let ended = match server.cmd(&["HKEYS", &key]) {
+        Reply::Array(fields) => fields[0].as_str().unwrap().to_string(),
+        other => panic!("{other:?}"),
+    };
+    first.release().await.unwrap();
+    // The first generation's field, as if its release had not landed yet.
+    server.cmd(&["HSET", &key, &ended, "1"]);
+    server.cmd(&["PEXPIRE", &key, "20000"]);
+    let next = lock
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("refused by its own ended hold");
+    match server.cmd(&["HKEYS", &key]) {
+        Reply::Array(fields) => {
+            assert_eq!(fields.len(), 1, "{fields:?}");
+            assert_ne!(fields[0].as_str(), Some(ended.as_str()), "the ended field stayed");
+        }
+        other => panic!("{other:?}"),
+    }
+    next.release().await.unwrap();
+
+    // Another owner's field, even of the same client: refused, and nothing written.
+    let other_owner = client.lock(&name).owner(Owner::new());
+    let held = other_owner.acquire().await.unwrap();
+    assert!(
+        lock.try_acquire().await.unwrap().is_none(),
+        "granted over another owner"
+    );
+    assert_eq!(server.cmd(&["HLEN", &key]).as_int(), Some(1));
+    held.release().await.unwrap();
+}
