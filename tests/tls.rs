@@ -272,6 +272,7 @@ const MINIMAL_ACL: &[&str] = &[
     // Run by the scripts.
     "+hexists",
     "+hget",
+    "+hkeys",
     "+hset",
     "+hdel",
     "+pexpire",
