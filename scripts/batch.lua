@@ -1,21 +1,27 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
 -- while its previous call was in flight. acquire.lua and release.lua are prepended to this file.
 --
--- ARGV[1] the number of operations; then per operation 4 arguments, and its keys in KEYS in order:
+-- Every key of one call is in one cluster slot.
+-- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
+-- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
 --   'a', owner, lease ms, target   with KEYS lock, fence     (see acquire.lua)
 --   'r', owner, target, channel    with KEYS lock            (see release.lua)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
 local out = {}
 local k = 1
-local a = 2
+local a = 3
+local publish = ARGV[2]
+if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
+  return redis.error_reply('ERR relock batch: unknown publish command')
+end
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
   if ARGV[a] == 'a' then
     ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]))
     k = k + 2
   else
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3])
+    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
     if ok then
       reply = {reply}
     end

@@ -1,12 +1,12 @@
 -- Set an owner's hold count to a target; at zero, delete the lock and announce the release
 -- (a function of the batch script, see batch.lua).
 -- lock: the lock hash; owner: owner id; target: the count left after this release;
--- channel: the release channel.
+-- channel: the release channel; publish: the command that announces it (PUBLISH or SPUBLISH).
 --
 -- Setting (not decrementing) the count makes a repeated call harmless.
 -- Returns 0 when the owner does not hold the lock (nothing changed), 1 when a count is left,
 --         2 when the lock was released and the release published.
-local function release(lock, owner, target, channel)
+local function release(lock, owner, target, channel, publish)
   if redis.call('HEXISTS', lock, owner) == 0 then
     return 0
   end
@@ -16,7 +16,7 @@ local function release(lock, owner, target, channel)
   end
   redis.call('HDEL', lock, owner)
   if redis.call('EXISTS', lock) == 0 then
-    redis.call('PUBLISH', channel, '1')
+    redis.call(publish, channel, '1')
   end
   return 2
 end

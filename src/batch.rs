@@ -3,25 +3,31 @@
 //! script call (and the client one command) per batch instead of one per operation. A lone operation
 //! is sent at once: it never waits for company.
 //!
-//! A few calls may be in flight per node; each is handed to the connection as it is made, so
+//! A few rounds may be in flight per node; each is handed to the connection as it is made, so
 //! operations reach the server in the order they were queued (an undo always runs after the grant
-//! it undoes).
+//! it undoes). On a cluster a round is one call per slot (one script call touches one slot), all
+//! sent at once; the operations of one lock share a slot, so their order holds.
+//!
+//! With synced writes (`sync_replicas`), each call is followed by `WAIT` on the node's synced
+//! connection. Acquisitions that too few replicas acknowledged are undone on that connection before
+//! their callers hear [`Error::ReplicaSync`]; releases need no acknowledgement (a replica that
+//! still has a lock only makes it safer).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
-use fred::clients::{Client, WithOptions};
 use fred::types::{Key, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::node::NodeClient;
 use crate::scripts::scripts;
 use crate::Error;
 
 /// The most operations in one call: bounds the time one call blocks the server.
 const MAX_BATCH: usize = 256;
-/// The most calls in flight per node: operations queue (and coalesce) only behind these.
+/// The most rounds in flight per node: operations queue (and coalesce) only behind these.
 const MAX_IN_FLIGHT: usize = 4;
 
 /// One operation of the batch script (see `scripts/batch.lua`).
@@ -29,6 +35,8 @@ pub(crate) enum Op {
     Acquire {
         lock: Arc<str>,
         fence: Arc<str>,
+        /// For an undo (see `undo_unsynced`).
+        channel: Arc<str>,
         owner: Arc<str>,
         lease_ms: i64,
         target: i64,
@@ -49,10 +57,11 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    /// Starts the batcher task of a node on its command client (with relock's per-command options).
-    pub(crate) fn start(client: WithOptions<Client>) -> Batcher {
+    /// Starts the batcher task of a node. It stops when the `Batcher` is dropped and the calls in
+    /// flight are answered.
+    pub(crate) fn start(link: Arc<NodeClient>) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(client, rx));
+        tokio::spawn(run(link, rx));
         Batcher { tx }
     }
 
@@ -64,7 +73,7 @@ impl Batcher {
     }
 }
 
-async fn run(client: WithOptions<Client>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
+async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
     let mut in_flight = FuturesUnordered::new();
     let mut queue: VecDeque<(Op, Reply)> = VecDeque::new();
     let mut open = true;
@@ -84,7 +93,7 @@ async fn run(client: WithOptions<Client>, mut rx: mpsc::UnboundedReceiver<(Op, R
         queue.retain(|(_, reply)| !reply.is_closed());
         while in_flight.len() < MAX_IN_FLIGHT && !queue.is_empty() {
             let batch: Vec<_> = queue.drain(..queue.len().min(MAX_BATCH)).collect();
-            let mut call = Box::pin(call(client.clone(), batch));
+            let mut call = Box::pin(round(link.clone(), batch));
             // Polled once here, in queue order: that hands the command to the connection, so
             // batches reach the server in the order their operations were queued.
             if futures::poll!(call.as_mut()).is_pending() {
@@ -94,11 +103,34 @@ async fn run(client: WithOptions<Client>, mut rx: mpsc::UnboundedReceiver<(Op, R
     }
 }
 
-async fn call(client: WithOptions<Client>, mut batch: Vec<(Op, Reply)>) {
-    let mut keys = Vec::with_capacity(batch.len() * 2);
-    let mut args = Vec::with_capacity(1 + batch.len() * 4);
-    args.push(Value::from(batch.len() as i64));
-    for (op, _) in batch.iter() {
+/// One round: the batch split by slot, one call per slot, all at once (in queue order).
+async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
+    let mut groups: Vec<(u16, Vec<(Op, Reply)>)> = Vec::new();
+    for (op, reply) in batch {
+        let slot = link.topology.slot(op.lock());
+        match groups.iter_mut().find(|(s, _)| *s == slot) {
+            Some((_, group)) => group.push((op, reply)),
+            None => groups.push((slot, vec![(op, reply)])),
+        }
+    }
+    futures::future::join_all(groups.into_iter().map(|(_, group)| call(&link, group))).await;
+}
+
+impl Op {
+    fn lock(&self) -> &str {
+        match self {
+            Op::Acquire { lock, .. } | Op::Release { lock, .. } => lock,
+        }
+    }
+}
+
+/// The keys and arguments of the batch script for `ops`.
+fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec<Key>, Vec<Value>) {
+    let mut keys = Vec::with_capacity(ops.len() * 2);
+    let mut args = Vec::with_capacity(2 + ops.len() * 4);
+    args.push(Value::from(ops.len() as i64));
+    args.push(Value::from(publish));
+    for op in ops {
         match op {
             Op::Acquire {
                 lock,
@@ -106,6 +138,7 @@ async fn call(client: WithOptions<Client>, mut batch: Vec<(Op, Reply)>) {
                 owner,
                 lease_ms,
                 target,
+                ..
             } => {
                 keys.push(Key::from(&**lock));
                 keys.push(Key::from(&**fence));
@@ -132,15 +165,32 @@ async fn call(client: WithOptions<Client>, mut batch: Vec<(Op, Reply)>) {
             }
         }
     }
-    let result: Result<Vec<Value>, _> = scripts().batch.run(&client, keys, args).await;
+    (keys, args)
+}
+
+async fn call(link: &NodeClient, mut batch: Vec<(Op, Reply)>) {
+    let (keys, args) = encode(batch.iter().map(|(op, _)| op), link.topology.publish());
+    let result = link.call::<Vec<Value>>(&scripts().batch, keys, args, true).await;
     match result {
-        Ok(replies) if replies.len() == batch.len() => {
-            for ((op, reply), value) in batch.drain(..).zip(replies) {
-                let _ = reply.send(decode(&op, value));
+        Ok(reply) if reply.value.len() == batch.len() => {
+            let mut replies: Vec<Result<Vec<i64>, Error>> = batch
+                .iter()
+                .zip(reply.value)
+                .map(|((op, _), value)| decode(op, value))
+                .collect();
+            if let Err(short) = link.check_acked(reply.acked) {
+                undo_unsynced(link, &batch, &mut replies, short).await;
+            }
+            for ((_, tx), reply) in batch.drain(..).zip(replies) {
+                let _ = tx.send(reply);
             }
         }
-        Ok(replies) => {
-            let err = protocol_error(format!("batch of {} got {} replies", batch.len(), replies.len()));
+        Ok(reply) => {
+            let err = protocol_error(format!(
+                "batch of {} got {} replies",
+                batch.len(),
+                reply.value.len()
+            ));
             for (_, reply) in batch.drain(..) {
                 let _ = reply.send(Err(err.clone()));
             }
@@ -150,6 +200,43 @@ async fn call(client: WithOptions<Client>, mut batch: Vec<(Op, Reply)>) {
                 let _ = reply.send(Err(Error::Redis(err.clone())));
             }
         }
+    }
+}
+
+/// Too few replicas acknowledged a synced call: its grants are set back to the count they had
+/// (`prev`), on the same connection and so after them, and their callers get `short`.
+async fn undo_unsynced(
+    link: &NodeClient,
+    batch: &[(Op, Reply)],
+    replies: &mut [Result<Vec<i64>, Error>],
+    short: Error,
+) {
+    let mut undos = Vec::new();
+    for ((op, _), reply) in batch.iter().zip(replies.iter_mut()) {
+        let Op::Acquire {
+            lock, owner, channel, ..
+        } = op
+        else {
+            continue;
+        };
+        // Only grants: a refusal changed nothing, and says what it says.
+        if let Ok([1, prev, _]) = reply.as_deref() {
+            undos.push(Op::Release {
+                lock: lock.clone(),
+                owner: owner.clone(),
+                target: (*prev).max(0),
+                channel: channel.clone(),
+            });
+            *reply = Err(short.clone());
+        }
+    }
+    if undos.is_empty() {
+        return;
+    }
+    let (keys, args) = encode(undos.iter(), link.topology.publish());
+    if let Err(err) = link.call::<Vec<Value>>(&scripts().batch, keys, args, false).await {
+        // The caller's background undo (it got an error) sets these holds right once it can.
+        tracing::warn!(%err, "undoing grants that replicas did not acknowledge failed");
     }
 }
 

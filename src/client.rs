@@ -5,13 +5,16 @@ use std::sync::Arc;
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
 use crate::lock::Lock;
-use crate::node::{EvictionCheck, Node};
+use crate::node::{EvictionCheck, Node, SyncReplicas};
 use crate::Error;
 
-/// A connection to one Redis server that hands out [`Lock`]s.
+/// A connection to one Redis deployment (a server, a cluster, or a Sentinel-managed primary) that
+/// hands out [`Lock`]s.
 ///
-/// It owns two connections (commands, and a subscriber for release messages) and two background
-/// tasks (the watchdog and the releaser), whatever the number of locks, guards and waiters. Cheap to
+/// It owns its connections (commands, a subscriber for release messages, and with
+/// [`sync_replicas`](LockConfig::sync_replicas) one for synced writes; per primary on a cluster) and
+/// a few background tasks (see the crate's architecture notes), whatever the number of locks, guards
+/// and waiters. Cheap to
 /// clone; every clone shares them. Must be created inside a tokio runtime.
 ///
 /// ```no_run
@@ -41,8 +44,12 @@ impl LockClient {
         LockClient::connect_with(url, LockConfig::default()).await
     }
 
-    /// Connects to the server at `url` (`redis://[user:password@]host:port[/db]`, or `rediss://` for
-    /// TLS), loads the scripts and checks that the user may run them and subscribe to the release
+    /// Connects to the server, cluster or sentinel group at `url`, in fred's URL formats:
+    /// `redis://[user:password@]host:port[/db]` for one server,
+    /// `redis-cluster://host:port?node=host2:port2&...` for a Redis Cluster,
+    /// `redis-sentinel://host:port/db?sentinelServiceName=NAME&node=host2:port2` for a primary managed
+    /// by Sentinel, and the `rediss`, `rediss-cluster` and `rediss-sentinel` forms for TLS. Loads the
+    /// scripts (on every cluster primary) and checks that the user may run them and subscribe to the release
     /// channels (ACL). Fails with [`Error::InvalidConfig`] for a bad URL or configuration (before any
     /// I/O; also `rediss://` when relock was built without a TLS feature), and with
     /// [`Error::Timeout`] or [`Error::Redis`] (a refused login or TLS handshake, a `NOPERM`) when the
@@ -50,12 +57,14 @@ impl LockClient {
     /// background.
     pub async fn connect_with(url: &str, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
-        let node = Node::build(url, config.get_command_timeout())?;
+        let node = Node::build(url, config.get_command_timeout(), SyncReplicas::of(&config))?;
         LockClient::start(node, config, true).await
     }
 
-    /// Builds a client on an existing fred client (which it connects if needed), e.g. one with a TLS
-    /// configuration that trusts a private CA. A second connection, for release messages, is made from
+    /// Builds a client on an existing fred client of any kind (centralized, clustered or sentinel),
+    /// which it connects if needed, e.g. one with a TLS configuration that trusts a private CA. A
+    /// clustered client must have `max_redirections = 0` in its connection config (relock follows
+    /// redirections itself), or this fails with [`Error::InvalidConfig`]. A second connection, for release messages, is made from
     /// the same configuration. Whatever the fred client's own settings, relock sends each of its
     /// requests once (per-command `max_attempts = 1`) and bounds it by `command_timeout`. Give the
     /// client a reconnect policy; its `max_command_buffer_len` bounds what it buffers while the server
@@ -64,15 +73,14 @@ impl LockClient {
     pub async fn from_fred(client: fred::clients::Client, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
         use fred::interfaces::ClientLike;
-        if !matches!(
-            client.client_config().server,
-            fred::types::config::ServerConfig::Centralized { .. }
-        ) {
+        if client.is_clustered() && client.connection_config().max_redirections != 0 {
             return Err(Error::InvalidConfig(
-                "only a client of a single (centralized) server is supported".into(),
+                "a cluster client for relock needs max_redirections = 0 in its connection config: \
+                 relock follows MOVED and ASK itself, since fred would spend a write attempt on them"
+                    .into(),
             ));
         }
-        let node = Node::from_client(client, config.get_command_timeout());
+        let node = Node::from_client(client, config.get_command_timeout(), SyncReplicas::of(&config));
         LockClient::start(node, config, false).await
     }
 
@@ -98,7 +106,8 @@ impl LockClient {
         &self.core.config
     }
 
-    /// The server this client talks to (`host:port`).
+    /// The deployment this client talks to: `host:port`, `cluster host:port,...` or
+    /// `sentinel service NAME`.
     pub fn server(&self) -> &str {
         &self.core.nodes[0].server
     }

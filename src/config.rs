@@ -47,6 +47,8 @@ pub struct LockConfig {
     key_prefix: String,
     command_timeout: Duration,
     strict_eviction: bool,
+    sync_replicas: usize,
+    sync_timeout: Duration,
 }
 
 impl Default for LockConfig {
@@ -57,6 +59,8 @@ impl Default for LockConfig {
             key_prefix: "relock".to_string(),
             command_timeout: Duration::from_secs(5),
             strict_eviction: false,
+            sync_replicas: 0,
+            sync_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -101,6 +105,38 @@ impl LockConfig {
         self
     }
 
+    /// How many replicas must confirm an acquisition (`WAIT`) before it counts as taken. Default 0
+    /// (no waiting). With n > 0, an acquisition whose write fewer than n replicas acknowledged within
+    /// [`sync_timeout`](LockConfig::sync_timeout) is undone and fails with [`Error::ReplicaSync`],
+    /// and a renewal so unconfirmed counts as a failed renewal (not yet as a loss). Connecting fails
+    /// where the server refuses `WAIT`.
+    ///
+    /// `WAIT` is not consensus: it makes a failover that promotes an acknowledging replica keep the
+    /// lock. That is sound with one replica per primary, or with `sync_replicas` equal to the number
+    /// of replicas; with more replicas than acknowledged, the one promoted may lack the lock, and the
+    /// fencing token stays the backstop.
+    pub fn sync_replicas(mut self, replicas: usize) -> Self {
+        self.sync_replicas = replicas;
+        self
+    }
+
+    /// How long an acquisition or renewal waits for [`sync_replicas`](LockConfig::sync_replicas)
+    /// replicas to acknowledge it. Default 1 s; at least 1 ms, whole milliseconds.
+    pub fn sync_timeout(mut self, timeout: Duration) -> Self {
+        self.sync_timeout = timeout;
+        self
+    }
+
+    /// The configured number of replicas an acquisition waits for.
+    pub fn get_sync_replicas(&self) -> usize {
+        self.sync_replicas
+    }
+
+    /// The configured replica wait.
+    pub fn get_sync_timeout(&self) -> Duration {
+        self.sync_timeout
+    }
+
     /// Whether [`strict_eviction`](LockConfig::strict_eviction) is on.
     pub fn get_strict_eviction(&self) -> bool {
         self.strict_eviction
@@ -142,6 +178,13 @@ impl LockConfig {
             )));
         }
         check_timeout("command_timeout", self.command_timeout)?;
+        check_timeout("sync_timeout", self.sync_timeout)?;
+        if self.sync_timeout.subsec_nanos() % 1_000_000 != 0 {
+            return Err(Error::InvalidDuration(format!(
+                "sync_timeout must be whole milliseconds, got {:?}",
+                self.sync_timeout
+            )));
+        }
         check_prefix(&self.key_prefix)
     }
 }

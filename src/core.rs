@@ -174,7 +174,14 @@ impl Core {
     /// timeout, so that the requests' own timeouts, which say more, come first.
     pub(crate) fn attempt_bound(&self) -> Duration {
         let phases = if self.nodes.len() == 1 { 1 } else { 2 };
-        self.quorum.node_timeout * phases + Duration::from_millis(10)
+        // Synced writes also wait for their replicas.
+        let sync = self
+            .nodes
+            .iter()
+            .map(|n| n.link.bound() - n.link.timeout)
+            .max()
+            .unwrap_or_default();
+        (self.quorum.node_timeout + sync) * phases + Duration::from_millis(10)
     }
 
     pub(crate) fn needed(&self) -> usize {

@@ -53,6 +53,15 @@ pub enum Error {
     /// The key at the lock's name holds a value of another type, which relock does not touch.
     #[error("the key {0} holds a value that is not a relock lock (WRONGTYPE)")]
     WrongType(String),
+    /// Fewer replicas than [`sync_replicas`](crate::LockConfig::sync_replicas) acknowledged an
+    /// acquisition within `sync_timeout`. The grant was undone: nothing is held.
+    #[error("only {acked} of the {needed} replicas asked for acknowledged the acquisition in time")]
+    ReplicaSync {
+        /// Replicas that acknowledged.
+        acked: usize,
+        /// Replicas asked for.
+        needed: usize,
+    },
     /// The client was shut down.
     #[error("the lock client was shut down")]
     Shutdown,

@@ -54,6 +54,7 @@ mod node;
 mod owner;
 mod quorum;
 mod scripts;
+mod topology;
 mod waiters;
 mod watchdog;
 

@@ -7,7 +7,7 @@ use crate::client::LockClient;
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
 use crate::lock::Lock;
-use crate::node::{EvictionCheck, Node};
+use crate::node::{EvictionCheck, Node, SyncReplicas};
 use crate::Error;
 
 /// Locks held on a majority of N independent Redis masters, with the Redlock algorithm.
@@ -72,7 +72,7 @@ impl MultiLock {
         let lock_config = config.lock.clone().unwrap_or_default();
         let nodes = urls
             .iter()
-            .map(|url| Node::build(url, config.node_timeout))
+            .map(|url| Node::build(url, config.node_timeout, SyncReplicas::of(&lock_config)))
             .collect::<Result<Vec<_>, _>>()?;
         check_distinct(&nodes)?;
         // Connecting may take longer than one request: it is bounded by the command timeout.

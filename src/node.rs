@@ -9,13 +9,14 @@ use tokio::time::Instant;
 
 use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
-use fred::prelude::{Builder, Config, ReconnectPolicy, ServerConfig};
+use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
 use fred::types::{Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::keys::LockKeys;
-use crate::scripts::{is_noscript, scripts};
+use crate::scripts::{not_run, scripts, Script};
+use crate::topology::{self, Topology};
 use crate::waiters::Waiters;
 use crate::Error;
 
@@ -43,25 +44,108 @@ pub(crate) enum Released {
 /// fails after the node timeout and is then never sent, but fred frees it only at reconnect.
 const MAX_BUFFERED: usize = 4096;
 
-/// A Redis master as relock uses it.
-pub(crate) struct Node {
+/// What replicas must confirm before a write counts (`LockConfig::sync_replicas`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SyncReplicas {
+    pub(crate) replicas: usize,
+    pub(crate) timeout: Duration,
+}
+
+impl SyncReplicas {
+    /// The replica sync a configuration asks for, if any.
+    pub(crate) fn of(config: &crate::LockConfig) -> Option<SyncReplicas> {
+        (config.get_sync_replicas() > 0).then(|| SyncReplicas {
+            replicas: config.get_sync_replicas(),
+            timeout: config.get_sync_timeout(),
+        })
+    }
+}
+
+/// How requests reach one node: the clients, relock's per-command options, and the topology that
+/// routes them. Every script call relock makes goes through [`NodeClient::call`].
+pub(crate) struct NodeClient {
     pub(crate) client: Client,
     /// The command client with relock's per-command options: every request to this node is bounded
     /// here, by fred's own timeout (so that a timed-out command is also never sent late), and made
     /// once (never resent by fred).
-    cmd: WithOptions<Client>,
+    pub(crate) cmd: WithOptions<Client>,
+    options: Options,
     /// The bound of one request.
-    timeout: Duration,
+    pub(crate) timeout: Duration,
+    pub(crate) topology: Topology,
+    /// Synced writes: their own connection (a `WAIT` blocks the connection it runs on), with a
+    /// timeout that leaves room for the wait.
+    sync: Option<(WithOptions<Client>, SyncReplicas)>,
+}
+
+/// A script call's reply, and for a synced call how many replicas acknowledged it.
+pub(crate) struct Reply<R> {
+    pub(crate) value: R,
+    pub(crate) acked: Option<usize>,
+}
+
+impl NodeClient {
+    /// Runs `script` once on the keys' slot (see [`Script::run`]). With synced writes the call goes
+    /// on the synced connection, followed there by `WAIT` (which covers every write of the call)
+    /// unless `wait` is false.
+    pub(crate) async fn call<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+        wait: bool,
+    ) -> Result<Reply<R>, fred::error::Error> {
+        let Some((sync, replicas)) = &self.sync else {
+            let value = script.run(&self.cmd, keys, args).await?;
+            return Ok(Reply { value, acked: None });
+        };
+        if !wait {
+            let value = script.run(sync, keys, args).await?;
+            return Ok(Reply { value, acked: None });
+        }
+        let slot = keys.first().map_or(0, |key| {
+            self.topology.slot(&String::from_utf8_lossy(key.as_bytes()))
+        });
+        let waiter = sync.with_options(&self.topology.route(&self.sync_options(replicas), slot));
+        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
+        // Polled in this order, so the script is written to the connection before the WAIT.
+        let (value, acked) = futures::join!(
+            script.run::<R, _>(sync, keys, args),
+            waiter.custom::<i64, i64>(topology::wait_command(), vec![replicas.replicas as i64, wait_ms]),
+        );
+        Ok(Reply {
+            value: value?,
+            acked: Some(acked?.max(0) as usize),
+        })
+    }
+
+    fn sync_options(&self, replicas: &SyncReplicas) -> Options {
+        Options {
+            timeout: Some(self.timeout + replicas.timeout),
+            ..self.options.clone()
+        }
+    }
+
+    /// The replicas a synced write needs, if writes are synced.
+    pub(crate) fn sync_replicas(&self) -> Option<usize> {
+        self.sync.as_ref().map(|(_, s)| s.replicas)
+    }
+}
+
+/// A Redis master as relock uses it.
+pub(crate) struct Node {
+    pub(crate) link: Arc<NodeClient>,
     pub(crate) waiters: Waiters,
     batcher: Batcher,
-    /// `host:port`, to tell masters apart.
+    /// `host:port` (or the cluster's seeds, or the sentinel service), to tell masters apart.
     pub(crate) server: String,
     health: Arc<Mutex<Health>>,
-    watcher: tokio::task::JoinHandle<()>,
+    /// The restart watcher, and for a sentinel group the follower of its switches.
+    watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The command client was made here (not handed in by the user), so it is ours to close.
     owned: bool,
-    /// The task that drives the command connection, when we started it.
-    connection: Mutex<Option<fred::types::ConnectHandle>>,
+    /// The tasks that drive the command connections, when we started them.
+    connections: Mutex<Vec<fred::types::ConnectHandle>>,
 }
 
 /// What a quorum needs to know of a master's past: a master that restarted without persistence
@@ -78,7 +162,7 @@ struct Health {
     started_at: Option<Instant>,
 }
 
-/// What relock reads of a server's `INFO`.
+/// What relock reads of a server's `INFO` (of every primary of a cluster, combined).
 #[derive(Debug, Default)]
 pub(crate) struct ServerInfo {
     pub(crate) run_id: String,
@@ -90,7 +174,7 @@ pub(crate) struct ServerInfo {
 }
 
 impl ServerInfo {
-    fn parse(info: &str) -> ServerInfo {
+    pub(crate) fn parse(info: &str) -> ServerInfo {
         let mut out = ServerInfo::default();
         for line in info.lines() {
             let Some((field, value)) = line.trim().split_once(':') else {
@@ -110,12 +194,39 @@ impl ServerInfo {
     }
 
     /// The major version, 0 if unknown.
-    fn major(&self) -> u32 {
+    pub(crate) fn major(&self) -> u32 {
         self.version
             .split('.')
             .next()
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
+    }
+
+    /// The facts of several servers (a cluster's primaries) as one: a `run_id` that changes when
+    /// any of them restarts or fails over, the shortest uptime, the oldest version, and the loosest
+    /// eviction policy.
+    pub(crate) fn combine(mut infos: Vec<ServerInfo>) -> ServerInfo {
+        infos.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let mut out = ServerInfo {
+            run_id: infos
+                .iter()
+                .map(|i| i.run_id.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            cluster_enabled: infos.iter().all(|i| i.cluster_enabled),
+            ..ServerInfo::default()
+        };
+        out.uptime = infos.iter().map(|i| i.uptime).min().unwrap_or_default();
+        if let Some(oldest) = infos.iter().min_by_key(|i| i.major()) {
+            out.version = oldest.version.clone();
+        }
+        out.maxmemory = infos.iter().map(|i| i.maxmemory).max().unwrap_or(0);
+        out.maxmemory_policy = infos
+            .iter()
+            .map(|i| i.maxmemory_policy.clone())
+            .find(|p| !p.is_empty() && p != "noeviction")
+            .unwrap_or_else(|| "noeviction".into());
+        out
     }
 }
 
@@ -153,37 +264,39 @@ impl EvictionCheck {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        self.watcher.abort();
+        for watcher in &self.watchers {
+            watcher.abort();
+        }
         // Without this, fred's connection task would go on reconnecting to a server nobody uses.
         if self.owned {
-            let connection = self.connection.lock().take();
+            let connections = std::mem::take(&mut *self.connections.lock());
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(close(self.client.clone(), connection));
+                runtime.spawn(close(self.link.clone(), connections));
             }
         }
     }
 }
 
 impl Node {
-    /// Builds the clients of a node from a URL and starts connecting; `Err` only for a bad URL.
-    /// `timeout` bounds every request to the node.
-    pub(crate) fn build(url: &str, timeout: Duration) -> Result<Node, Error> {
+    /// Builds the clients of a node from a URL (a server, a cluster or a sentinel group) and starts
+    /// connecting; `Err` only for a bad URL. `timeout` bounds every request to the node.
+    pub(crate) fn build(url: &str, timeout: Duration, sync: Option<SyncReplicas>) -> Result<Node, Error> {
         check_tls(url)?;
         let mut config =
             Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
         // A server down at start is retried like one that went away later (a MultiLock master may
         // join late); the caller bounds the wait.
         config.fail_fast = false;
-        if !matches!(config.server, ServerConfig::Centralized { .. }) {
-            return Err(Error::InvalidConfig(format!(
-                "redis url {url:?}: only a single server (centralized) URL is supported"
-            )));
-        }
         let client = Builder::from_config(config)
             .with_connection_config(|conn| {
                 // Never resend a script whose reply was lost: every caller decides itself, and the
                 // scripts are idempotent anyway.
                 conn.max_command_attempts = 1;
+                // A redirection then comes back as an error that says the request did not run
+                // (see `scripts::is_redirect`), and relock makes it again: fred would follow it
+                // only by spending a second write attempt. (A per-command option cannot say this:
+                // fred replaces a zero there by the client's setting.)
+                conn.max_redirections = 0;
                 conn.connection_timeout = timeout;
                 conn.internal_command_timeout = timeout;
                 conn.max_command_buffer_len = MAX_BUFFERED;
@@ -193,7 +306,7 @@ impl Node {
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
             .build()
             .map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
-        let mut node = Node::from_client(client, timeout);
+        let mut node = Node::from_client(client, timeout, sync);
         node.owned = true;
         Ok(node)
     }
@@ -201,42 +314,59 @@ impl Node {
     /// A node on an existing command client; the subscriber connection is a new client of the same
     /// configuration. Every request relock makes is bounded by `timeout` and made once, whatever
     /// the client's own settings.
-    pub(crate) fn from_client(client: Client, timeout: Duration) -> Node {
+    pub(crate) fn from_client(client: Client, timeout: Duration, sync: Option<SyncReplicas>) -> Node {
         let subscriber = client.clone_new();
-        let server = match &client.client_config().server {
-            ServerConfig::Centralized { server } => format!("{}:{}", server.host, server.port),
-            other => format!("{other:?}"),
-        };
+        let (topology, server) = Topology::of(&client.client_config().server);
         let health = Arc::new(Mutex::new(Health::default()));
-        let watcher = tokio::spawn(watch_restarts(
-            client.clone(),
-            server.clone(),
-            Arc::downgrade(&health),
-        ));
-        let cmd = client.with_options(&Options {
+        let options = Options {
             timeout: Some(timeout),
             max_attempts: Some(1),
             ..Options::default()
-        });
-        Node {
-            batcher: Batcher::start(cmd.clone()),
-            cmd,
-            timeout,
+        };
+        let sync = sync
+            .filter(|s| s.replicas > 0)
+            .map(|s| (client.clone_new().with_options(&options), s));
+        let link = Arc::new(NodeClient {
+            cmd: client.with_options(&options),
             client,
-            waiters: Waiters::start(subscriber),
+            options,
+            timeout,
+            topology,
+            sync,
+        });
+        let mut watchers = vec![tokio::spawn(watch_restarts(
+            link.clone(),
+            server.clone(),
+            Arc::downgrade(&health),
+        ))];
+        if link.topology.kind() == topology::Kind::Sentinel {
+            let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
+            let clients = [link.client.clone(), subscriber.clone()]
+                .into_iter()
+                .chain(sync)
+                .collect();
+            watchers.push(tokio::spawn(topology::follow_switches(
+                link.client.client_config(),
+                clients,
+            )));
+        }
+        Node {
+            batcher: Batcher::start(link.clone()),
+            waiters: Waiters::start(subscriber, link.clone()),
+            link,
             server,
             health,
-            watcher,
+            watchers,
             owned: false,
-            connection: Mutex::new(None),
+            connections: Mutex::new(Vec::new()),
         }
     }
 
     /// Closes the command connection if it is ours (see [`close`]).
     pub(crate) async fn close(&self) {
         if self.owned {
-            let connection = self.connection.lock().take();
-            close(self.client.clone(), connection).await;
+            let connections = std::mem::take(&mut *self.connections.lock());
+            close(self.link.clone(), connections).await;
         }
     }
 
@@ -264,7 +394,8 @@ impl Node {
         prefix: &str,
     ) -> Result<(), Error> {
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
-        let mut errors = self.client.error_rx();
+        let link = &self.link;
+        let mut errors = link.client.error_rx();
         let last_error = Mutex::new(None);
         let refused = async {
             loop {
@@ -277,17 +408,26 @@ impl Node {
             }
         };
         let work = async {
-            if !self.client.is_connected() {
-                // A handle of a client that is already connecting is harmless to drop.
-                if self.client.state() == fred::types::ClientState::Disconnected {
-                    *self.connection.lock() = Some(self.client.connect());
+            let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
+            for client in std::iter::once(&link.client).chain(sync.as_ref()) {
+                if !client.is_connected() {
+                    // A handle of a client that is already connecting is harmless to drop.
+                    if client.state() == fred::types::ClientState::Disconnected {
+                        self.connections.lock().push(client.connect());
+                    }
+                    client.wait_for_connect().await?;
                 }
-                self.client.wait_for_connect().await?;
             }
-            let info = server_info(&self.cmd).await?;
+            let info = link.topology.server_info(&link.client, &link.options).await?;
             self.check(&info, eviction).await?;
-            scripts().load_all(&self.cmd).await?;
-            check_access(&self.cmd, &self.waiters, prefix).await?;
+            let primaries = link.topology.primaries(&link.client, &link.options);
+            for primary in &primaries {
+                scripts().load_all(primary).await?;
+            }
+            if let Some((sync, _)) = &link.sync {
+                topology::check_wait(&link.topology.primaries(sync, &link.options)).await?;
+            }
+            check_access(&link.cmd, &self.waiters, prefix).await?;
             self.health.lock().observe(&info, &self.server);
             Ok::<_, Error>(())
         };
@@ -300,7 +440,7 @@ impl Node {
         match tokio::time::timeout(timeout, work).await {
             Ok(done) => done,
             Err(_) => match last_error.lock().take() {
-                Some(err) if !self.client.is_connected() => Err(Error::Redis(err)),
+                Some(err) if !link.client.is_connected() => Err(Error::Redis(err)),
                 _ => Err(Error::Timeout(timeout)),
             },
         }
@@ -309,11 +449,7 @@ impl Node {
     /// Refuses a server relock cannot run on safely, before anything is written.
     async fn check(&self, info: &ServerInfo, eviction: EvictionCheck) -> Result<(), Error> {
         let server = &self.server;
-        if info.cluster_enabled {
-            return Err(Error::InvalidConfig(format!(
-                "{server} is a Redis Cluster node: connect with a redis-cluster:// URL"
-            )));
-        }
+        self.link.topology.check(info, server)?;
         // Lock hashes carry a TTL, so `volatile-*` policies evict them first, `allkeys-*` as any.
         let policy = &info.maxmemory_policy;
         if !policy.is_empty() && policy != "noeviction" {
@@ -330,8 +466,11 @@ impl Node {
         if (1..7).contains(&info.major()) {
             let get =
                 fred::types::CustomCommand::new_static("CONFIG", fred::types::ClusterHash::Random, false);
-            let reply: Result<Vec<String>, _> =
-                self.cmd.custom(get, vec!["GET", "lua-replicate-commands"]).await;
+            let reply: Result<Vec<String>, _> = self
+                .link
+                .cmd
+                .custom(get, vec!["GET", "lua-replicate-commands"])
+                .await;
             if let Ok(reply) = reply {
                 if reply.get(1).is_some_and(|v| v == "no") {
                     return Err(Error::InvalidConfig(format!(
@@ -355,6 +494,7 @@ impl Node {
         let op = || Op::Acquire {
             lock: keys.lock.clone(),
             fence: keys.fence.clone(),
+            channel: keys.channel.clone(),
             owner: owner.clone(),
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             target: i64::from(target),
@@ -393,49 +533,94 @@ impl Node {
         }
     }
 
-    /// Runs one operation through the batcher. A call that found the script cache empty did not
-    /// run, and the script is loaded again by then: the operation is made once more, as a new
-    /// operation queued behind whatever was queued meanwhile, while the caller still waits for it
-    /// (so it never lands after the caller's next operation on the same hold).
+    /// Runs one operation through the batcher. A call that did not run (the script cache was empty,
+    /// and the script is loaded again by then; or a cluster redirected it, and fred knows the new
+    /// owner by then) is made again, as a new operation queued behind whatever was queued
+    /// meanwhile, while the caller still waits for it (so it never lands after the caller's next
+    /// operation on the same hold). Within the same bound as the first try.
     async fn run_batched(&self, op: impl Fn() -> Op) -> Result<Vec<i64>, Error> {
         let run = async {
-            match self.batcher.run(op()).await {
-                Err(Error::Redis(err)) if is_noscript(&err) => self.batcher.run(op()).await,
-                other => other,
+            let mut pause = Duration::from_millis(2);
+            loop {
+                match self.batcher.run(op()).await {
+                    Err(Error::Redis(err)) if not_run(&err) => {
+                        // A slot being migrated answers ASK until it is done: do not spin on it.
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_millis(50));
+                    }
+                    other => return other,
+                }
             }
         };
         // Bounded as a whole, the wait for a free call slot included; an operation whose caller
         // left is never sent (see the batcher).
-        match tokio::time::timeout(self.timeout, run).await {
-            Ok(Err(Error::Redis(err))) => Err(self.redis_error(err)),
+        let bound = self.link.bound();
+        match tokio::time::timeout(bound, run).await {
+            Ok(Err(Error::Redis(err))) => Err(self.link.redis_error(err)),
             Ok(outcome) => outcome,
-            Err(_) => Err(Error::Timeout(self.timeout)),
+            Err(_) => Err(Error::Timeout(bound)),
         }
     }
 
-    /// Renews (lease > 0) or checks (lease 0) a batch of at most [`RENEW_BATCH`] holds, given as lock
-    /// keys, the hold's field and the lease; one flag per hold, true if still held.
-    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str, Duration)]) -> Result<Vec<bool>, Error> {
-        let keys: Vec<Key> = locks.iter().map(|(keys, _, _)| Key::from(&*keys.lock)).collect();
-        let mut args = Vec::with_capacity(locks.len() * 2);
-        for (_, field, lease) in locks {
-            args.push(Value::from(*field));
-            args.push(millis(*lease));
+    /// Renews (lease > 0) or checks (lease 0) holds, given as lock keys, the hold's field and the
+    /// lease; one flag per hold, true if still held. One script call per slot (and per
+    /// [`RENEW_BATCH`] holds), all sent at once. With synced writes, a call that too few replicas
+    /// acknowledged fails for its holds: a failed renewal, not a loss.
+    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str, Duration)]) -> Vec<Result<bool, Error>> {
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, (keys, _, _)) in locks.iter().enumerate() {
+            by_slot
+                .entry(self.link.topology.slot(&keys.lock))
+                .or_default()
+                .push(i);
         }
-        let reply: Vec<i64> = self.bounded(self.script(&scripts().renew, keys, args)).await?;
-        if reply.len() != locks.len() {
-            return Err(unexpected("renew", &reply));
+        let calls = by_slot
+            .values()
+            .flat_map(|group| group.chunks(RENEW_BATCH))
+            .map(|chunk| async move {
+                let keys: Vec<Key> = chunk.iter().map(|&i| Key::from(&*locks[i].0.lock)).collect();
+                let mut args = Vec::with_capacity(chunk.len() * 2);
+                for &i in chunk {
+                    args.push(Value::from(locks[i].1));
+                    args.push(millis(locks[i].2));
+                }
+                let reply = self
+                    .bounded(self.script_synced(&scripts().renew, keys, args))
+                    .await;
+                let flags = reply.and_then(|reply: Reply<Vec<i64>>| {
+                    self.link.check_acked(reply.acked)?;
+                    if reply.value.len() != chunk.len() {
+                        return Err(unexpected("renew", &reply.value));
+                    }
+                    Ok(reply.value)
+                });
+                (chunk, flags)
+            });
+        let mut out: Vec<Result<bool, Error>> = (0..locks.len()).map(|_| Ok(false)).collect();
+        for (chunk, flags) in futures::future::join_all(calls).await {
+            match flags {
+                Ok(flags) => {
+                    for (&i, flag) in chunk.iter().zip(flags) {
+                        out[i] = Ok(flag == 1);
+                    }
+                }
+                Err(err) => {
+                    for &i in chunk {
+                        out[i] = Err(err.clone());
+                    }
+                }
+            }
         }
-        Ok(reply.into_iter().map(|flag| flag == 1).collect())
+        out
     }
 
     pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), Error> {
-        let raise = self.script(
+        let raise = self.script_synced::<i64>(
             &scripts().raise_fence,
             vec![Key::from(&*keys.fence)],
             vec![Value::from(token.to_string())],
         );
-        let _: i64 = self.bounded_on(raise, &keys.fence).await?;
+        self.bounded_on(raise, &keys.fence).await?;
         Ok(())
     }
 
@@ -443,29 +628,68 @@ impl Node {
         let unlock = self.script(
             &scripts().force_unlock,
             vec![Key::from(&*keys.lock)],
-            vec![Value::from(&*keys.channel)],
+            vec![
+                Value::from(&*keys.channel),
+                Value::from(self.link.topology.publish()),
+            ],
         );
         let removed: i64 = self.bounded_on(unlock, &keys.lock).await?;
         Ok(removed == 1)
     }
 
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let found: i64 = self.bounded(self.cmd.exists(&*keys.lock)).await?;
+        let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
         Ok(found == 1)
     }
 
-    /// Runs a script directly (not batched), once more if the server had lost it: these calls
-    /// (renew, raise the fence, force-unlock) are idempotent, and none must stay in order with
-    /// another of the same hold (a renewal names its hold's generation).
+    /// Runs a script directly (not batched), again while it did not run (see
+    /// [`run_batched`](Node::run_batched)); the caller bounds it. These calls (renew, raise the
+    /// fence, force-unlock) are idempotent, and none must stay in order with another of the same
+    /// hold (a renewal names its hold's generation).
     async fn script<R: fred::types::FromValue>(
         &self,
-        script: &crate::scripts::Script,
+        script: &Script,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
-        match script.run(&self.cmd, keys.clone(), args.clone()).await {
-            Err(err) if is_noscript(&err) => script.run(&self.cmd, keys, args).await,
-            other => other,
+        let reply = self.script_synced_or_not(script, keys, args, false).await?;
+        Ok(reply.value)
+    }
+
+    /// [`script`](Node::script) as a write that replicas confirm, when writes are synced.
+    async fn script_synced<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<Reply<R>, fred::error::Error> {
+        self.script_synced_or_not(script, keys, args, true).await
+    }
+
+    async fn script_synced_or_not<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+        synced: bool,
+    ) -> Result<Reply<R>, fred::error::Error> {
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let reply = if synced {
+                self.link.call(script, keys.clone(), args.clone(), true).await
+            } else {
+                script
+                    .run(&self.link.cmd, keys.clone(), args.clone())
+                    .await
+                    .map(|value| Reply { value, acked: None })
+            };
+            match reply {
+                Err(err) if not_run(&err) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                other => return other,
+            }
         }
     }
 
@@ -475,18 +699,10 @@ impl Node {
         &self,
         request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
     ) -> Result<R, Error> {
-        match tokio::time::timeout(self.timeout + BACKSTOP, request).await {
-            Ok(outcome) => outcome.map_err(|err| self.redis_error(err)),
-            Err(_) => Err(Error::Timeout(self.timeout)),
-        }
-    }
-
-    /// A fred error of a request to this node: its own timeout is relock's [`Error::Timeout`].
-    fn redis_error(&self, err: fred::error::Error) -> Error {
-        if *err.kind() == fred::error::ErrorKind::Timeout {
-            Error::Timeout(self.timeout)
-        } else {
-            Error::Redis(err)
+        let bound = self.link.bound();
+        match tokio::time::timeout(bound + BACKSTOP, request).await {
+            Ok(outcome) => outcome.map_err(|err| self.link.redis_error(err)),
+            Err(_) => Err(Error::Timeout(bound)),
         }
     }
 
@@ -503,24 +719,57 @@ impl Node {
     }
 }
 
-/// Closes a client: `QUIT` if the server answers soon, and in any case stops the task that drives
-/// the connection, which would otherwise keep reconnecting to a server that is gone (a `QUIT` to such
-/// a server would wait for the reconnection forever).
-pub(crate) async fn close(client: Client, connection: Option<fred::types::ConnectHandle>) {
-    let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
-    if let Some(connection) = connection {
+impl NodeClient {
+    /// The bound of one request: the node timeout, plus the replica wait when writes are synced.
+    pub(crate) fn bound(&self) -> Duration {
+        match &self.sync {
+            Some((_, sync)) => self.timeout + sync.timeout,
+            None => self.timeout,
+        }
+    }
+
+    /// A fred error of a request to this node: its own timeout is relock's [`Error::Timeout`].
+    pub(crate) fn redis_error(&self, err: fred::error::Error) -> Error {
+        if *err.kind() == fred::error::ErrorKind::Timeout {
+            Error::Timeout(self.bound())
+        } else {
+            Error::Redis(err)
+        }
+    }
+
+    /// `Err(ReplicaSync)` when a synced write was acknowledged by too few replicas.
+    pub(crate) fn check_acked(&self, acked: Option<usize>) -> Result<(), Error> {
+        match (acked, self.sync_replicas()) {
+            (Some(acked), Some(needed)) if acked < needed => Err(Error::ReplicaSync { acked, needed }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Closes a node's command clients: `QUIT` if the servers answer soon, and in any case stops the
+/// tasks that drive the connections, which would otherwise keep reconnecting to servers that are gone
+/// (a `QUIT` to such a server would wait for the reconnection forever).
+async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandle>) {
+    let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
+    let quits = std::iter::once(link.client.clone())
+        .chain(sync)
+        .map(|client| async move {
+            let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
+        });
+    futures::future::join_all(quits).await;
+    for connection in connections {
         connection.abort();
     }
 }
 
+/// Closes a client of its own (a subscriber): as [`close`].
+pub(crate) async fn close_client(client: Client, connection: fred::types::ConnectHandle) {
+    let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
+    connection.abort();
+}
+
 /// How much later than fred's own timeout a request is abandoned by relock's backstop.
 const BACKSTOP: Duration = Duration::from_millis(20);
-
-/// One `INFO` (all default sections: server, memory, cluster among them).
-async fn server_info<C: ClientLike>(client: &C) -> Result<ServerInfo, Error> {
-    let info: String = client.info(None).await?;
-    Ok(ServerInfo::parse(&info))
-}
 
 /// Refuses a TLS URL (`rediss://`, `valkeys://` and their cluster and sentinel forms) when the crate
 /// was built without a TLS feature, since fred would then only log a warning and connect in plaintext.
@@ -587,14 +836,14 @@ fn denied(err: fred::error::Error, what: &str) -> Error {
 
 /// Follows the command connection: an error makes the master suspect until its `run_id` is read
 /// again, which tells whether it restarted meanwhile (and so starts its quarantine).
-async fn watch_restarts(client: Client, server: String, health: Weak<Mutex<Health>>) {
-    let mut errors = client.error_rx();
-    let mut reconnects = client.reconnect_rx();
-    let info_client = client.with_options(&Options {
+async fn watch_restarts(link: Arc<NodeClient>, server: String, health: Weak<Mutex<Health>>) {
+    let mut errors = link.client.error_rx();
+    let mut reconnects = link.client.reconnect_rx();
+    let options = Options {
         timeout: Some(Duration::from_secs(2)),
         max_attempts: Some(1),
         ..Options::default()
-    });
+    };
     loop {
         // A master not seen yet (down or slow at connect) is read at once: until then it cannot vote.
         let seen = health.upgrade().is_some_and(|h| h.lock().run_id.is_some());
@@ -617,7 +866,7 @@ async fn watch_restarts(client: Client, server: String, health: Weak<Mutex<Healt
         // Read the run_id again; while the server is away the request waits in fred's buffer (and
         // is dropped from it after its timeout), so this sends about one request per timeout.
         let info = loop {
-            match server_info(&info_client).await {
+            match link.topology.server_info(&link.client, &options).await {
                 Ok(info) => break info,
                 _ if health.strong_count() == 0 => return,
                 _ => tokio::time::sleep(Duration::from_millis(200)).await,

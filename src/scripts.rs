@@ -12,10 +12,10 @@ pub(crate) struct Script {
 }
 
 /// `EVALSHA` as a custom command, so that it runs with the per-command options of the caller's
-/// client (timeout, one attempt): fred's own `evalsha` does not take them.
-fn evalsha() -> CustomCommand {
-    // The keys start after the SHA and their count.
-    CustomCommand::new_static("EVALSHA", ClusterHash::Offset(2), false)
+/// client (timeout, one attempt): fred's own `evalsha` does not take them. Routed by the slot of
+/// its keys (fred would hash the first argument, the SHA, for a custom command).
+fn evalsha(slot: u16) -> CustomCommand {
+    CustomCommand::new_static("EVALSHA", ClusterHash::Custom(slot), false)
 }
 
 impl Script {
@@ -38,23 +38,29 @@ impl Script {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
+        // Where the keys live: a cluster primary that lost the script gets it back.
+        let slot = keys.first().map_or(0, |key| {
+            fred::types::cluster::ClusterRouting::hash_key(key.as_bytes())
+        });
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
         call.push(Value::from(self.sha.as_str()));
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
-        match client.custom::<R, Value>(evalsha(), call).await {
+        match client.custom::<R, Value>(evalsha(slot), call).await {
             Err(err) if is_noscript(&err) => {
                 tracing::debug!(script = self.name, "script cache was flushed, loading it again");
-                self.load(client).await?;
+                self.load(client, ClusterHash::Custom(slot)).await?;
                 Err(err)
             }
             other => other,
         }
     }
 
-    async fn load<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
-        let load = CustomCommand::new_static("SCRIPT", ClusterHash::Random, false);
+    /// `SCRIPT LOAD`, on a cluster to the primary `route` names (ignored elsewhere, and where the
+    /// client's options name a node).
+    async fn load<C: ClientLike>(&self, client: &C, route: ClusterHash) -> Result<(), RedisError> {
+        let load = CustomCommand::new_static("SCRIPT", route, false);
         let sha: String = client
             .custom(load, vec![Value::from("LOAD"), Value::from(self.body)])
             .await?;
@@ -71,6 +77,20 @@ impl Script {
 /// Whether a call failed because the server did not have the script: it did not run.
 pub(crate) fn is_noscript(err: &RedisError) -> bool {
     err.details().starts_with("NOSCRIPT")
+}
+
+/// Whether a call was redirected (`MOVED`, `ASK`) by a cluster during resharding or after a
+/// failover: it did not run. relock's requests allow fred no redirections (see `Node`): fred would
+/// follow one only by spending a write attempt, and allowing more attempts would also let it resend
+/// requests whose replies were lost. fred has updated its slot map (`MOVED`) by the time this error
+/// arrives, so the caller's next try goes where the slot lives.
+pub(crate) fn is_redirect(err: &RedisError) -> bool {
+    *err.kind() == fred::error::ErrorKind::Routing && err.details().contains("redirections")
+}
+
+/// Whether a call did not run and may be made again: the script was missing or the slot elsewhere.
+pub(crate) fn not_run(err: &RedisError) -> bool {
+    is_noscript(err) || is_redirect(err)
 }
 
 /// The batch script: the acquire and release functions, then the loop that runs them.
@@ -99,10 +119,11 @@ impl Scripts {
         }
     }
 
-    /// Loads every script into a server's cache (`SCRIPT LOAD`).
+    /// Loads every script into a server's cache (`SCRIPT LOAD`): the client's options name the
+    /// server on a cluster.
     pub(crate) async fn load_all<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
         for script in [&self.batch, &self.renew, &self.force_unlock, &self.raise_fence] {
-            script.load(client).await?;
+            script.load(client, ClusterHash::Random).await?;
         }
         Ok(())
     }

@@ -7,14 +7,29 @@
 //! waiter of that channel. Anything that may have lost a message (a lagging receiver, a reconnect,
 //! a subscription just confirmed) wakes every waiter, who then simply try again; the holder's TTL bounds
 //! what a message lost any other way can cost.
+//!
+//! On a Redis ≥ 7 cluster the channels are sharded (`SSUBSCRIBE`, one command per slot, each
+//! awaited: fred confirms them). A slot that moves (resharding, failover) drops its subscriptions
+//! on the server without a word that fred passes on, so while anyone waits the task re-reads the
+//! slot map every [`CLUSTER_SCAN`] (as Redisson's `scanInterval`), subscribes again where a waited
+//! slot now lives, and wakes its waiters to try again.
 
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 
+use std::time::Duration;
+
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
+use fred::types::config::Server;
 use parking_lot::Mutex;
+
+use crate::node::NodeClient;
+use crate::topology::Kind;
+
+/// How often a cluster's slot map is re-read while anyone waits on it.
+pub(crate) const CLUSTER_SCAN: Duration = Duration::from_secs(1);
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
@@ -27,6 +42,8 @@ struct Entry {
     sent: bool,
     /// The server confirmed it: from now on no release is missed.
     confirmed: bool,
+    /// On a cluster, the primary it was subscribed on.
+    owner: Option<Server>,
 }
 
 #[derive(Default)]
@@ -40,6 +57,7 @@ pub(crate) struct Waiters {
     shared: Arc<Shared>,
     /// The subscriber connection (the task's own handle is the one that closes it).
     subscriber: Client,
+    link: Arc<NodeClient>,
 }
 
 /// Interest in one release channel; dropping it gives the interest up.
@@ -50,11 +68,16 @@ pub(crate) struct Subscription {
 }
 
 impl Waiters {
-    /// Starts the subscriber task of a node on its own connection `subscriber` (already connecting).
-    pub(crate) fn start(subscriber: Client) -> Waiters {
+    /// Starts the subscriber task of a node on its own connection `subscriber`. The task stops once
+    /// the `Waiters` and every [`Subscription`] are gone (or at shutdown), closing that connection.
+    pub(crate) fn start(subscriber: Client, link: Arc<NodeClient>) -> Waiters {
         let shared = Arc::new(Shared::default());
-        tokio::spawn(run(Arc::downgrade(&shared), subscriber.clone()));
-        Waiters { shared, subscriber }
+        tokio::spawn(run(Arc::downgrade(&shared), subscriber.clone(), link.clone()));
+        Waiters {
+            shared,
+            subscriber,
+            link,
+        }
     }
 
     /// Subscribes to `channel` and unsubscribes again, once the subscriber connection is up: tells at
@@ -68,6 +91,11 @@ impl Waiters {
     /// (`PONG`). Over RESP3 (a fred client so configured) only the first way tells.
     pub(crate) async fn check(&self, channel: &str) -> Result<(), fred::error::Error> {
         self.subscriber.wait_for_connect().await?;
+        if self.link.topology.sharded() {
+            // fred awaits the reply of SSUBSCRIBE: a refusal comes back here.
+            self.subscriber.ssubscribe(channel).await?;
+            return self.subscriber.sunsubscribe(channel).await;
+        }
         self.subscriber.subscribe(channel).await?;
         let pong: fred::types::Value = self.subscriber.ping(None).await?;
         self.subscriber.unsubscribe(channel).await?;
@@ -165,18 +193,27 @@ fn wake_all(shared: &Shared) {
     }
 }
 
-async fn run(shared: Weak<Shared>, subscriber: Client) {
+async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
     let connection = subscriber.connect();
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
+    let cluster = link.topology.kind() == Kind::Cluster;
     while let Some(strong) = shared.upgrade() {
+        let scan = async {
+            if cluster && !strong.channels.lock().is_empty() {
+                tokio::time::sleep(CLUSTER_SCAN).await
+            } else {
+                std::future::pending().await
+            }
+        };
         tokio::select! {
             _ = strong.kick.notified() => {
                 if Arc::strong_count(&strong) == 1 {
                     break; // the node is gone and nobody waits any more
                 }
-                sync(&strong, &subscriber).await;
+                sync(&strong, &subscriber, &link).await;
             }
+            () = scan => follow_slots(&strong, &subscriber, &link).await,
             message = messages.recv() => match message {
                 Ok(message) => {
                     let channels = strong.channels.lock();
@@ -199,16 +236,51 @@ async fn run(shared: Weak<Shared>, subscriber: Client) {
                     entry.sent = false;
                     entry.confirmed = false;
                 }
-                sync(&strong, &subscriber).await;
+                sync(&strong, &subscriber, &link).await;
                 wake_all(&strong);
             }
         }
     }
-    crate::node::close(subscriber, Some(connection)).await;
+    crate::node::close_client(subscriber, connection).await;
 }
 
-/// Brings the server's subscriptions in line with the registered interest, in two batched commands.
-async fn sync(shared: &Shared, subscriber: &Client) {
+/// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
+/// now, and their waiters woken (a release may have been announced where nobody listened).
+async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
+    if let Err(err) = subscriber.sync_cluster().await {
+        tracing::debug!(%err, "reading the cluster's slots failed");
+        return;
+    }
+    let (moved, unsent) = {
+        let mut channels = shared.channels.lock();
+        let (mut moved, mut unsent) = (0, 0);
+        for (channel, entry) in channels.iter_mut() {
+            if !entry.sent {
+                unsent += 1; // a subscription that failed: try again
+                continue;
+            }
+            let owner = crate::topology::slot_owner(subscriber, link.topology.slot(channel));
+            if owner != entry.owner {
+                entry.sent = false;
+                entry.confirmed = false;
+                moved += 1;
+            }
+        }
+        (moved, unsent)
+    };
+    if moved + unsent > 0 {
+        tracing::debug!(
+            moved,
+            unsent,
+            "subscribing release channels again where their slots live"
+        );
+        sync(shared, subscriber, link).await;
+    }
+}
+
+/// Brings the server's subscriptions in line with the registered interest: two batched commands, or
+/// for sharded channels two per slot.
+async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     let (subscribe, unsubscribe) = {
         let mut channels = shared.channels.lock();
         let mut unsubscribe = Vec::new();
@@ -230,6 +302,9 @@ async fn sync(shared: &Shared, subscriber: &Client) {
         }
         (subscribe, unsubscribe)
     };
+    if link.topology.sharded() {
+        return sync_sharded(shared, subscriber, link, subscribe, unsubscribe).await;
+    }
     if !unsubscribe.is_empty() {
         if let Err(err) = subscriber.unsubscribe(unsubscribe).await {
             tracing::debug!(%err, "UNSUBSCRIBE failed");
@@ -253,4 +328,53 @@ async fn sync(shared: &Shared, subscriber: &Client) {
     if let Err(err) = result {
         tracing::warn!(%err, "SUBSCRIBE failed; waiters fall back to the lease's TTL");
     }
+}
+
+/// [`sync`] for sharded channels: one `SSUBSCRIBE` (and `SUNSUBSCRIBE`) per slot, each awaited
+/// (fred follows `MOVED` for them only when they are not pipelined).
+async fn sync_sharded(
+    shared: &Shared,
+    subscriber: &Client,
+    link: &NodeClient,
+    subscribe: Vec<String>,
+    unsubscribe: Vec<String>,
+) {
+    for group in by_slot(link, unsubscribe) {
+        if let Err(err) = subscriber.sunsubscribe(group).await {
+            tracing::debug!(%err, "SUNSUBSCRIBE failed");
+        }
+    }
+    for group in by_slot(link, subscribe) {
+        let slot = link.topology.slot(&group[0]);
+        let owner = crate::topology::slot_owner(subscriber, slot);
+        let result = subscriber.ssubscribe(group.clone()).await;
+        if let Err(err) = &result {
+            tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
+        }
+        let mut channels = shared.channels.lock();
+        for channel in &group {
+            if let Some(entry) = channels.get_mut(channel.as_str()) {
+                match &result {
+                    Ok(()) => {
+                        entry.confirmed = true;
+                        entry.owner = owner.clone();
+                    }
+                    Err(_) => entry.sent = false,
+                }
+                entry.notify.notify_waiters();
+            }
+        }
+    }
+}
+
+/// Channels grouped by slot.
+fn by_slot(link: &NodeClient, channels: Vec<String>) -> Vec<Vec<String>> {
+    let mut groups: HashMap<u16, Vec<String>> = HashMap::new();
+    for channel in channels {
+        groups
+            .entry(link.topology.slot(&channel))
+            .or_default()
+            .push(channel);
+    }
+    groups.into_values().collect()
 }

@@ -1,6 +1,7 @@
 //! The watchdog: one task per client that renews every watchdog-mode hold each `renew_interval` (and
 //! checks that fixed-lease holds are still there), in batches of up to
-//! [`RENEW_BATCH`](crate::node::RENEW_BATCH) holds per script call, all nodes and batches at once;
+//! [`RENEW_BATCH`](crate::node::RENEW_BATCH) holds per script call and one call per cluster slot
+//! (so a round makes at most as many calls per node as there are distinct slots held), all at once;
 //! and that ends a hold's lease the moment it runs out on the monotonic clock.
 //!
 //! The deadlines run on their own timer: a renewal round in flight (each request may take up to the
@@ -17,7 +18,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::core::{Core, Hold};
-use crate::node::RENEW_BATCH;
 
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
 const IDLE: Duration = Duration::from_secs(3600);
@@ -102,33 +102,27 @@ async fn renew_round(core: Arc<Core>) {
     }
     let start = Instant::now();
 
-    let mut requests = Vec::new();
-    for (n, node) in core.nodes.iter().enumerate() {
-        for (b, batch) in holds.chunks(RENEW_BATCH).enumerate() {
-            let locks: Vec<_> = batch
-                .iter()
-                .map(|r| (&*r.hold.keys, &*r.field, r.lease))
-                .collect();
-            requests.push(async move { (n, b, node.renew(&locks).await) });
-        }
-    }
+    // One call per node and slot (see `Node::renew`), every node at once.
+    let locks: Vec<_> = holds
+        .iter()
+        .map(|r| (&*r.hold.keys, &*r.field, r.lease))
+        .collect();
+    let requests = core.nodes.iter().map(|node| node.renew(&locks));
     let replies = futures::future::join_all(requests).await;
 
     let mut renewed = vec![0usize; holds.len()];
     let mut gone = vec![0usize; holds.len()];
-    for (n, b, reply) in replies {
-        match reply {
-            Ok(flags) => {
-                for (offset, flag) in flags.into_iter().enumerate() {
-                    let i = b * RENEW_BATCH + offset;
-                    if flag {
-                        renewed[i] += 1;
-                    } else {
-                        gone[i] += 1;
-                    }
-                }
+    for (n, flags) in replies.into_iter().enumerate() {
+        let mut failed = None;
+        for (i, flag) in flags.into_iter().enumerate() {
+            match flag {
+                Ok(true) => renewed[i] += 1,
+                Ok(false) => gone[i] += 1,
+                Err(err) => failed = Some(err),
             }
-            Err(err) => tracing::warn!(node = %core.nodes[n].server, %err, "renewal failed"),
+        }
+        if let Some(err) = failed {
+            tracing::warn!(node = %core.nodes[n].server, %err, "renewal failed");
         }
     }
 

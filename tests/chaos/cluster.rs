@@ -61,7 +61,7 @@ impl Cluster {
         let servers: Vec<RedisServer> = match topology {
             Topology::Single => vec![RedisServer::start()],
             Topology::Multi => (0..5).map(|_| RedisServer::start()).collect(),
-            Topology::Replicated => {
+            Topology::Replicated | Topology::Synced => {
                 let primary = RedisServer::start();
                 let replica = RedisServer::start();
                 replica.cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()]);
@@ -72,7 +72,7 @@ impl Cluster {
         for _ in 0..slots {
             // The replicated topology is reached through the primary's address alone.
             let reached = match topology {
-                Topology::Replicated => &servers[..1],
+                Topology::Replicated | Topology::Synced => &servers[..1],
                 _ => &servers[..],
             };
             proxies.push(crate::support::proxy::in_front_of(reached).await);
@@ -96,7 +96,7 @@ impl Cluster {
     /// The lock servers that hold the truth: every master, or the current primary.
     pub fn lock_servers(&self) -> Vec<&RedisServer> {
         match self.topology {
-            Topology::Replicated => vec![&self.servers[self.primary]],
+            Topology::Replicated | Topology::Synced => vec![&self.servers[self.primary]],
             _ => self.servers.iter().collect(),
         }
     }

@@ -26,7 +26,7 @@ pub enum Fault {
     /// One worker cut off from the servers (or, with masters, a minority of the masters from
     /// everyone) for longer than the lease.
     Partition,
-    /// Replicated topology: the primary dies, its replica is promoted (asynchronous replication).
+    /// Replicated topologies: the primary dies, its replica is promoted.
     Failover,
 }
 
@@ -48,7 +48,7 @@ impl Fault {
     /// Every fault of a topology: the way it loses data (a restart, or a failover), and the rest.
     fn menu(topology: Topology) -> Vec<Fault> {
         use Fault::*;
-        let loses_data = if topology == Topology::Replicated {
+        let loses_data = if topology.replicated() {
             Failover
         } else {
             RestartServers
@@ -224,10 +224,13 @@ impl Nemesis {
                 for row in &cluster.proxies {
                     row[0].set_upstream(cluster.servers[new].port());
                 }
-                // Whatever the replica had not received yet is gone: outside the guarantees.
-                harness
-                    .unprotected
-                    .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
+                // Whatever the replica had not received yet is gone: outside the guarantees,
+                // unless every grant and renewal waited for the replica.
+                if cluster.topology == Topology::Replicated {
+                    harness
+                        .unprotected
+                        .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
+                }
                 blocking_restart(cluster, old).await;
                 let port = cluster.servers[new].port().to_string();
                 cluster.servers[old].cmd(&["REPLICAOF", "127.0.0.1", &port]);
@@ -248,7 +251,7 @@ impl Nemesis {
                 victims
             }
             Topology::Single => vec![0],
-            Topology::Replicated => vec![cluster.primary],
+            Topology::Replicated | Topology::Synced => vec![cluster.primary],
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod proxy;
 pub mod tls;
+pub mod topologies;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -145,18 +146,7 @@ impl RedisServer {
     }
 
     pub fn try_cmd_timeout(&self, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
-        let addr: SocketAddr = ([127, 0, 0, 1], self.port).into();
-        let stream = TcpStream::connect_timeout(&addr, timeout)?;
-        stream.set_read_timeout(Some(timeout))?;
-        stream.set_write_timeout(Some(timeout))?;
-        let mut reader = BufReader::new(stream.try_clone()?);
-        let mut writer = stream;
-        if let Some(password) = &self.password {
-            writer.write_all(&encode(&["AUTH", password]))?;
-            read_reply(&mut reader)?;
-        }
-        writer.write_all(&encode(args))?;
-        read_reply(&mut reader)
+        command_on(self.port, self.password.as_deref(), args, timeout)
     }
 
     pub fn exists(&self, key: &str) -> bool {
@@ -210,6 +200,26 @@ impl Reply {
     pub fn is_nil(&self) -> bool {
         matches!(self, Reply::Nil)
     }
+}
+
+/// One command to the server on `port` (loopback), on a connection of its own.
+pub fn command_at(port: u16, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
+    command_on(port, None, args, timeout)
+}
+
+fn command_on(port: u16, password: Option<&str>, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let stream = TcpStream::connect_timeout(&addr, timeout)?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    if let Some(password) = password {
+        writer.write_all(&encode(&["AUTH", password]))?;
+        read_reply(&mut reader)?;
+    }
+    writer.write_all(&encode(args))?;
+    read_reply(&mut reader)
 }
 
 fn encode(args: &[&str]) -> Vec<u8> {
@@ -356,7 +366,7 @@ pub fn spawn_tied(command: Command) -> std::io::Result<Child> {
         .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

@@ -1,0 +1,152 @@
+//! What differs between the deployments one node (one vote) can be: a single server, a Redis
+//! Cluster, or a primary managed by Sentinel. Everything above runs one algorithm over nodes; a node
+//! asks its topology how to route a batch, a renewal and a `WAIT`, how release messages travel, and
+//! how to check and prepare the servers behind it. One file per kind, as fred's
+//! `router/{centralized,clustered,sentinel}.rs`.
+
+mod cluster;
+mod sentinel;
+mod standalone;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use fred::clients::{Client, WithOptions};
+use fred::interfaces::ClientLike;
+use fred::types::config::{Options, ServerConfig};
+use fred::types::ClusterHash;
+
+use crate::node::ServerInfo;
+use crate::Error;
+
+pub(crate) use sentinel::follow_switches;
+
+/// The kind of deployment behind one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// One server (`redis://`): everything on one connection.
+    Standalone,
+    /// A Redis Cluster (`redis-cluster://`): requests go to the primary of their slot.
+    Cluster,
+    /// A Sentinel-managed primary (`redis-sentinel://`): fred follows failovers.
+    Sentinel,
+}
+
+/// One node's topology.
+pub(crate) struct Topology {
+    kind: Kind,
+    /// Release messages travel by sharded pub/sub (`SPUBLISH`/`SSUBSCRIBE`, Redis ≥ 7 on a cluster).
+    sharded: AtomicBool,
+}
+
+impl Topology {
+    /// The topology of a fred server configuration, and the node's name for logs and errors.
+    pub(crate) fn of(server: &ServerConfig) -> (Topology, String) {
+        let (kind, name) = match server {
+            ServerConfig::Centralized { server } => (Kind::Standalone, standalone::name(server)),
+            ServerConfig::Clustered { hosts, .. } => (Kind::Cluster, cluster::name(hosts)),
+            ServerConfig::Sentinel { service_name, .. } => (Kind::Sentinel, sentinel::name(service_name)),
+            #[allow(unreachable_patterns)]
+            other => (Kind::Standalone, format!("{other:?}")),
+        };
+        let topology = Topology {
+            kind,
+            sharded: AtomicBool::new(false),
+        };
+        (topology, name)
+    }
+
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// The group a key's requests go in: its cluster slot, or 0 where everything goes to one server.
+    /// One script call only ever touches keys of one group.
+    pub(crate) fn slot(&self, key: &str) -> u16 {
+        match self.kind {
+            Kind::Cluster => cluster::slot(key),
+            Kind::Standalone | Kind::Sentinel => 0,
+        }
+    }
+
+    /// Options that send a keyless command (`WAIT`, `SCRIPT LOAD`) where the keys of `slot` live.
+    pub(crate) fn route(&self, options: &Options, slot: u16) -> Options {
+        let mut options = options.clone();
+        if self.kind == Kind::Cluster {
+            options.cluster_hash = Some(ClusterHash::Custom(slot));
+        }
+        options
+    }
+
+    /// Whether release messages use sharded pub/sub.
+    pub(crate) fn sharded(&self) -> bool {
+        self.sharded.load(Ordering::Relaxed)
+    }
+
+    /// The command the scripts announce a release with.
+    pub(crate) fn publish(&self) -> &'static str {
+        if self.sharded() {
+            "SPUBLISH"
+        } else {
+            "PUBLISH"
+        }
+    }
+
+    /// Reads `INFO` of the servers behind the node: the one server, or every primary of a cluster
+    /// (their facts combined: see [`ServerInfo::combine`]).
+    pub(crate) async fn server_info(&self, client: &Client, options: &Options) -> Result<ServerInfo, Error> {
+        match self.kind {
+            Kind::Cluster => cluster::server_info(client, options).await,
+            Kind::Standalone | Kind::Sentinel => standalone::server_info(&client.with_options(options)).await,
+        }
+    }
+
+    /// Refuses a server of another kind than the URL said, and settles how releases are announced.
+    pub(crate) fn check(&self, info: &ServerInfo, name: &str) -> Result<(), Error> {
+        match self.kind {
+            Kind::Cluster => {
+                cluster::check(info, name)?;
+                self.sharded.store(info.major() >= 7, Ordering::Relaxed);
+                Ok(())
+            }
+            Kind::Standalone | Kind::Sentinel => standalone::check(info, name),
+        }
+    }
+
+    /// Runs `each` once per server that takes writes: the one server, or every cluster primary, with
+    /// options routed to it.
+    pub(crate) fn primaries(&self, client: &Client, options: &Options) -> Vec<WithOptions<Client>> {
+        match self.kind {
+            Kind::Cluster => cluster::primaries(client, options),
+            Kind::Standalone | Kind::Sentinel => vec![client.with_options(options)],
+        }
+    }
+}
+
+/// The primary that owns `slot`, as `client` knows it now (`None` off a cluster).
+pub(crate) fn slot_owner(client: &Client, slot: u16) -> Option<fred::types::config::Server> {
+    cluster::owner(client, slot)
+}
+
+/// `WAIT n timeout`, routed where the writes of `slot` went: how many replicas acknowledged every
+/// earlier write of the connection.
+pub(crate) fn wait_command() -> fred::types::CustomCommand {
+    // Blocking: fred writes nothing after it on the connection until it is answered.
+    fred::types::CustomCommand::new_static("WAIT", ClusterHash::Random, true)
+}
+
+/// Checks that the servers accept `WAIT` (some managed services refuse it): `WAIT 0 0` on each.
+pub(crate) async fn check_wait(connections: &[WithOptions<Client>]) -> Result<(), Error> {
+    for connection in connections {
+        let reply: Result<i64, _> = connection.custom(wait_command(), vec![0i64, 0]).await;
+        if let Err(err) = reply {
+            if *err.kind() == fred::error::ErrorKind::Timeout {
+                return Err(Error::Redis(err));
+            }
+            return Err(Error::InvalidConfig(format!(
+                "sync_replicas needs WAIT, which the server refused: {}",
+                err.details()
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! Fixtures of the deployments beyond one server: a Redis Cluster (`redis-cli --cluster create`
+//! over throwaway servers), primaries with replicas, and Sentinel groups. Every process is a
+//! [`RedisServer`] or tied the same way (see [`spawn_tied`]), so nothing outlives the test.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{free_port, spawn_tied, RedisServer, Reply};
+
+/// A Redis Cluster on loopback: `primaries` primaries, each with `replicas` replicas, node timeout
+/// 1 s, every replica synced before it is handed out.
+pub struct RedisCluster {
+    pub nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    pub fn start(primaries: usize, replicas: usize) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
+            .map(|_| {
+                let bus = free_port().to_string();
+                RedisServer::start_with(&[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "1000",
+                    "--cluster-port",
+                    &bus,
+                    // A primary whose replicas are all gone still serves (the tests fault them).
+                    "--cluster-require-full-coverage",
+                    "no",
+                    "--cluster-allow-replica-migration",
+                    "no",
+                ])
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(node.addr());
+        }
+        create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let out = create.output().expect("redis-cli must be on PATH");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let cluster = RedisCluster { nodes };
+        cluster.wait_until(Duration::from_secs(30), "cluster ok, replicas synced", |c| {
+            c.settled()
+        });
+        cluster
+    }
+
+    /// `redis-cluster://` with every node as a seed.
+    pub fn url(&self) -> String {
+        let mut url = format!("redis-cluster://{}", self.nodes[0].addr());
+        for (i, node) in self.nodes.iter().enumerate().skip(1) {
+            url.push(if i == 1 { '?' } else { '&' });
+            url.push_str(&format!("node={}", node.addr()));
+        }
+        url
+    }
+
+    /// Whether every live node says the cluster is ok, agrees on the slots, and every replica's
+    /// link to its primary is up.
+    pub fn settled(&self) -> bool {
+        let live: Vec<&RedisServer> = self.live().collect();
+        let mut views = Vec::new();
+        for node in &live {
+            let Ok(Reply::Str(info)) = node.try_cmd(&["CLUSTER", "INFO"]) else {
+                return false;
+            };
+            if !info.contains("cluster_state:ok") {
+                return false;
+            }
+            let Ok(Reply::Str(repl)) = node.try_cmd(&["INFO", "replication"]) else {
+                return false;
+            };
+            if repl.contains("role:slave") && !repl.contains("master_link_status:up") {
+                return false;
+            }
+            views.push(self.slot_map_of(node));
+        }
+        views.windows(2).all(|w| w[0] == w[1])
+    }
+
+    fn live(&self) -> impl Iterator<Item = &RedisServer> {
+        self.nodes
+            .iter()
+            .filter(|n| n.try_cmd_timeout(&["PING"], Duration::from_millis(300)).is_ok())
+    }
+
+    pub fn wait_until(&self, limit: Duration, what: &str, mut done: impl FnMut(&RedisCluster) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !done(self) {
+            assert!(Instant::now() < deadline, "cluster: not {what} within {limit:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// (first slot, last slot, primary port) per range, as `node` sees it.
+    fn slot_map_of(&self, node: &RedisServer) -> Vec<(i64, i64, i64)> {
+        let Ok(Reply::Array(ranges)) = node.try_cmd(&["CLUSTER", "SLOTS"]) else {
+            return Vec::new();
+        };
+        let mut out: Vec<(i64, i64, i64)> = ranges
+            .iter()
+            .filter_map(|range| match range {
+                Reply::Array(items) if items.len() >= 3 => {
+                    let port = match &items[2] {
+                        Reply::Array(primary) => primary.get(1).and_then(Reply::as_int)?,
+                        _ => return None,
+                    };
+                    Some((items[0].as_int()?, items[1].as_int()?, port))
+                }
+                _ => None,
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// The slot of `key`.
+    pub fn slot(&self, key: &str) -> u16 {
+        let node = self.live().next().expect("a live node");
+        node.cmd(&["CLUSTER", "KEYSLOT", key]).as_int().expect("KEYSLOT") as u16
+    }
+
+    /// The node serving `slot` now (as a live node sees it).
+    pub fn primary_of_slot(&self, slot: u16) -> &RedisServer {
+        let node = self.live().next().expect("a live node");
+        let port = self
+            .slot_map_of(node)
+            .into_iter()
+            .find(|(a, b, _)| (*a..=*b).contains(&i64::from(slot)))
+            .map(|(_, _, port)| port)
+            .expect("slot served");
+        self.nodes
+            .iter()
+            .find(|n| i64::from(n.port()) == port)
+            .expect("a node of this cluster")
+    }
+
+    /// The node holding `key`.
+    pub fn primary_of(&self, key: &str) -> &RedisServer {
+        self.primary_of_slot(self.slot(key))
+    }
+
+    /// The live primaries.
+    pub fn primaries(&self) -> Vec<&RedisServer> {
+        self.live()
+            .filter(|n| matches!(n.try_cmd(&["ROLE"]), Ok(Reply::Array(r)) if r.first().and_then(Reply::as_str) == Some("master")))
+            .collect()
+    }
+
+    /// The replicas of `primary`.
+    pub fn replicas_of(&self, primary: &RedisServer) -> Vec<&RedisServer> {
+        let id = node_id(primary);
+        self.live()
+            .filter(|n| {
+                matches!(n.try_cmd(&["CLUSTER", "NODES"]), Ok(Reply::Str(nodes)) if nodes.lines().any(|l| {
+                    l.contains("myself") && l.contains("slave") && l.contains(&id)
+                }))
+            })
+            .collect()
+    }
+
+    /// Moves `slot` with its keys from its primary to `to`, as `redis-cli --cluster reshard` does:
+    /// `SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE` in batches, then `SETSLOT NODE` everywhere.
+    pub fn move_slot(&self, slot: u16, to: &RedisServer) {
+        let from = self.primary_of_slot(slot);
+        assert_ne!(from.port(), to.port(), "the slot is there already");
+        let (from_id, to_id) = (node_id(from), node_id(to));
+        let slot_arg = slot.to_string();
+        expect_ok(to.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id]));
+        expect_ok(from.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id]));
+        loop {
+            let keys = match from.cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]) {
+                Reply::Array(keys) => keys
+                    .iter()
+                    .filter_map(|k| k.as_str().map(str::to_string))
+                    .collect::<Vec<_>>(),
+                other => panic!("GETKEYSINSLOT answered {other:?}"),
+            };
+            if keys.is_empty() {
+                break;
+            }
+            let port = to.port().to_string();
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys.iter().map(String::as_str));
+            expect_ok(from.cmd(&migrate));
+        }
+        for node in self.primaries() {
+            expect_ok(node.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]));
+        }
+        self.wait_until(Duration::from_secs(20), "agreed on the moved slot", |c| {
+            c.settled() && c.primary_of_slot(slot).port() == to.port()
+        });
+    }
+
+    /// Kills the primary serving `slot`, waits until one of its replicas serves it, then starts the
+    /// killed node again (empty: it rejoins as a replica of the new primary) and waits until it is
+    /// synced.
+    pub fn fail_over_and_rejoin(&mut self, slot: u16) -> u16 {
+        let old = self.primary_of_slot(slot).port();
+        let new = self.fail_over(slot);
+        let node = self.nodes.iter_mut().find(|n| n.port() == old).expect("node");
+        node.restart();
+        self.wait_until(Duration::from_secs(30), "rejoined", |c| {
+            c.settled() && c.replicas_of(c.primary_of_slot(slot)).len() == 1
+        });
+        new
+    }
+
+    /// Kills the primary serving `slot` and waits until one of its replicas serves it.
+    pub fn fail_over(&mut self, slot: u16) -> u16 {
+        let port = self.primary_of_slot(slot).port();
+        let node = self.nodes.iter_mut().find(|n| n.port() == port).expect("node");
+        node.kill();
+        self.wait_until(Duration::from_secs(30), "failed over", |c| {
+            c.live().next().is_some_and(|live| {
+                c.slot_map_of(live)
+                    .iter()
+                    .any(|(a, b, p)| (*a..=*b).contains(&i64::from(slot)) && *p != i64::from(port))
+            })
+        });
+        self.primary_of_slot(slot).port()
+    }
+
+    /// The cluster's lock keys (of the default prefix), over every live primary.
+    pub fn lock_keys(&self) -> Vec<String> {
+        self.primaries()
+            .iter()
+            .flat_map(|n| n.keys("relock:*"))
+            .filter(|k| !k.ends_with(":fence"))
+            .collect()
+    }
+}
+
+fn node_id(node: &RedisServer) -> String {
+    node.cmd(&["CLUSTER", "MYID"]).as_str().expect("MYID").to_string()
+}
+
+fn expect_ok(reply: Reply) {
+    assert!(
+        matches!(&reply, Reply::Str(s) if s == "OK") || matches!(&reply, Reply::Str(_)),
+        "expected OK, got {reply:?}"
+    );
+}
+
+/// A primary with `replicas` replicas (plain replication), every replica synced.
+pub struct Replicated {
+    pub primary: RedisServer,
+    pub replicas: Vec<RedisServer>,
+}
+
+impl Replicated {
+    pub fn start(replicas: usize) -> Replicated {
+        let primary = RedisServer::start();
+        let port = primary.port().to_string();
+        let replicas = (0..replicas)
+            .map(|_| RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]))
+            .collect();
+        let group = Replicated { primary, replicas };
+        group.wait_synced();
+        group
+    }
+
+    /// Waits until every replica's link to the primary is up.
+    pub fn wait_synced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for replica in &self.replicas {
+            while !matches!(replica.try_cmd(&["INFO", "replication"]), Ok(Reply::Str(s)) if s.contains("master_link_status:up"))
+            {
+                assert!(Instant::now() < deadline, "replica not synced");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A primary, its replicas, and three sentinels watching them as the service `relock`.
+pub struct SentinelGroup {
+    pub data: Replicated,
+    pub sentinels: Vec<Sentinel>,
+}
+
+/// One `redis-server --sentinel` process.
+pub struct Sentinel {
+    child: Child,
+    pub port: u16,
+    dir: PathBuf,
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub const SERVICE: &str = "relock";
+
+impl SentinelGroup {
+    pub fn start(replicas: usize) -> SentinelGroup {
+        let data = Replicated::start(replicas);
+        let sentinels = (0..3).map(|_| Sentinel::start(data.primary.port())).collect();
+        let group = SentinelGroup { data, sentinels };
+        // Every sentinel knows the replica and the other sentinels before anyone relies on them.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !group.sentinels.iter().all(|s| {
+            let replicas = s.cmd(&["SENTINEL", "REPLICAS", SERVICE]);
+            let others = s.cmd(&["SENTINEL", "SENTINELS", SERVICE]);
+            matches!(replicas, Reply::Array(r) if r.len() == group.data.replicas.len())
+                && matches!(others, Reply::Array(o) if o.len() == 2)
+        }) {
+            assert!(Instant::now() < deadline, "sentinels did not discover each other");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        group
+    }
+
+    /// `redis-sentinel://` over the three sentinels.
+    pub fn url(&self) -> String {
+        let mut url = format!(
+            "redis-sentinel://127.0.0.1:{}?sentinelServiceName={SERVICE}",
+            self.sentinels[0].port
+        );
+        for s in &self.sentinels[1..] {
+            url.push_str(&format!("&node=127.0.0.1:{}", s.port));
+        }
+        url
+    }
+
+    /// The port of the primary as the sentinels see it.
+    pub fn primary_port(&self) -> u16 {
+        match self.sentinels[0].cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE]) {
+            Reply::Array(addr) => addr[1].as_int().expect("port") as u16,
+            other => panic!("GET-MASTER-ADDR-BY-NAME answered {other:?}"),
+        }
+    }
+
+    /// `SENTINEL FAILOVER`, and waits until the old replica is the primary and the old primary
+    /// replicates from it.
+    pub fn fail_over(&self) -> u16 {
+        let before = self.primary_port();
+        expect_ok(self.sentinels[0].cmd(&["SENTINEL", "FAILOVER", SERVICE]));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let now = self.primary_port();
+            let promoted = [&self.data.primary]
+                .into_iter()
+                .chain(&self.data.replicas)
+                .find(|s| s.port() == now);
+            if now != before
+                && promoted.is_some_and(|p| matches!(p.try_cmd(&["ROLE"]), Ok(Reply::Array(r)) if r.first().and_then(Reply::as_str) == Some("master")))
+            {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "sentinel failover did not finish");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Sentinel {
+    fn start(primary: u16) -> Sentinel {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("relock-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds {SERVICE} 1000\n\
+                 sentinel failover-timeout {SERVICE} 5000\n",
+                dir.display()
+            ),
+        )
+        .expect("sentinel.conf");
+        let log = std::fs::File::create(dir.join("sentinel.log")).expect("log");
+        let mut command = Command::new("redis-server");
+        command
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .stdin(Stdio::null());
+        let child = spawn_tied(command).expect("redis-server must be on PATH");
+        let sentinel = Sentinel { child, port, dir };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while sentinel.try_cmd(&["PING"]).is_err() {
+            assert!(Instant::now() < deadline, "sentinel did not come up");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    fn try_cmd(&self, args: &[&str]) -> std::io::Result<Reply> {
+        super::command_at(self.port, args, Duration::from_secs(5))
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Reply {
+        self.try_cmd(args).expect("sentinel command")
+    }
+}

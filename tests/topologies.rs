@@ -1,0 +1,471 @@
+//! Beyond one server: locks on a Redis Cluster (spread over every primary, woken by sharded
+//! release messages, surviving a resharding move and a failover), writes synced to replicas
+//! (`sync_replicas`), and a Sentinel-managed primary. Real servers, faulted for real.
+
+mod support;
+
+use std::time::Duration;
+
+use relock::{Error, LockClient, LockConfig};
+use support::topologies::{RedisCluster, Replicated, SentinelGroup};
+use support::{lock_key, unique_name};
+use tokio::time::Instant;
+
+fn config(lease: Duration) -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(lease)
+        .command_timeout(Duration::from_secs(2))
+}
+
+/// 120 locks whose names land on all three primaries: one client holds them all, the other is
+/// excluded from each, the watchdog keeps them past two leases, and the releases leave nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(1);
+    let a = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .expect("connect a");
+    let b = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .expect("connect b");
+    assert!(a.server().starts_with("cluster "), "{}", a.server());
+
+    let names: Vec<String> = (0..120).map(|i| unique_name(&format!("spread{i}"))).collect();
+    let mut owners = std::collections::BTreeSet::new();
+    for name in &names {
+        owners.insert(cluster.primary_of(&lock_key(name)).port());
+    }
+    assert_eq!(owners.len(), 3, "the names must cover every primary");
+
+    let a_ref = &a;
+    let guards =
+        futures::future::try_join_all(names.iter().map(|n| async move { a_ref.lock(n).acquire().await }))
+            .await
+            .expect("a acquires all");
+    for name in &names {
+        assert!(
+            b.lock(name).try_acquire().await.expect("try").is_none(),
+            "{name} granted twice"
+        );
+    }
+    // Past two leases: only the watchdog keeps them.
+    tokio::time::sleep(lease * 5 / 2).await;
+    assert!(
+        guards.iter().all(|g| g.is_held()),
+        "a lease ran out under the watchdog"
+    );
+    for name in names.iter().step_by(7) {
+        assert!(
+            b.lock(name).try_acquire().await.expect("try").is_none(),
+            "{name} expired"
+        );
+    }
+    for guard in guards {
+        guard.release().await.expect("release");
+    }
+    assert!(
+        cluster.lock_keys().is_empty(),
+        "left behind: {:?}",
+        cluster.lock_keys()
+    );
+    for name in names.iter().step_by(11) {
+        let guard = b
+            .lock(name)
+            .try_acquire()
+            .await
+            .expect("try")
+            .expect("free after release");
+        guard.release().await.unwrap();
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A waiter on a cluster is woken by the holder's release (sharded pub/sub), not by its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_waiter_is_woken_by_the_release() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .unwrap();
+    let a = LockClient::connect_with(&cluster.url(), config(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&cluster.url(), config(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    for round in 0..5 {
+        let name = unique_name(&format!("handoff{round}"));
+        let held = a.lock(&name).acquire().await.unwrap();
+        let lock = b.lock(&name);
+        let waiter = tokio::spawn(async move {
+            let guard = lock.acquire().await.expect("waiter");
+            (Instant::now(), guard)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "granted while held");
+        let released = Instant::now();
+        held.release().await.unwrap();
+        let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("the waiter was not woken by the release")
+            .unwrap();
+        assert!(
+            granted - released < Duration::from_secs(3),
+            "round {round}: handoff took {:?}",
+            granted - released
+        );
+        drop(guard);
+    }
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Resharding a held lock: its slot moves to another primary. The lock stays held and renewed, the
+/// waiter stays excluded and is woken by the release after the move (its subscription follows the
+/// slot), and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(4);
+    let a = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .unwrap();
+    let name = unique_name("moved");
+    let key = lock_key(&name);
+    let held = a.lock(&name).acquire().await.unwrap();
+    let lock = b.lock(&name);
+    let waiter = tokio::spawn(async move {
+        let guard = lock.acquire().await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let slot = cluster.slot(&key);
+    let from = cluster.primary_of_slot(slot).port();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let to = cluster
+            .primaries()
+            .into_iter()
+            .find(|p| p.port() != from)
+            .unwrap()
+            .port();
+        let to = cluster.nodes.iter().find(|n| n.port() == to).unwrap();
+        cluster.move_slot(slot, to);
+        cluster
+    })
+    .await
+    .unwrap();
+    assert_ne!(
+        cluster.primary_of_slot(slot).port(),
+        from,
+        "the slot did not move"
+    );
+    assert!(
+        cluster.primary_of_slot(slot).exists(&key),
+        "the lock did not move with its slot"
+    );
+
+    // More than a lease later: renewed where the slot lives now, and still excluding the waiter.
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    assert!(held.is_held(), "the lock was lost in the move");
+    assert!(!waiter.is_finished(), "the waiter was granted a held lock");
+    assert!(cluster.primary_of_slot(slot).exists(&key));
+
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter never granted")
+        .unwrap();
+    // The lease left at the release is at least two thirds of it (renewed every third): waking
+    // well before that is the release message at work.
+    assert!(
+        granted - released < Duration::from_millis(1500),
+        "woken only after {:?}",
+        granted - released
+    );
+    guard.release().await.unwrap();
+    assert!(
+        cluster.lock_keys().is_empty(),
+        "left behind: {:?}",
+        cluster.lock_keys()
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// Failover with `sync_replicas(1)`: the primary of a held lock's slot is killed and its replica
+/// promoted. The replica had the lock (WAIT), so nobody else is granted it while the first client
+/// holds it, and the watchdog goes on renewing on the new primary once the killed node is back as
+/// its replica (renewals that no replica confirms fail, without ending the hold before its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_failover_with_synced_replicas_keeps_the_lock() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(10);
+    let synced = |lease| {
+        config(lease)
+            .sync_replicas(1)
+            .sync_timeout(Duration::from_secs(1))
+    };
+    let a = LockClient::connect_with(&cluster.url(), synced(lease))
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&cluster.url(), synced(lease))
+        .await
+        .unwrap();
+    let name = unique_name("failover");
+    let key = lock_key(&name);
+    let held = a.lock(&name).acquire().await.unwrap();
+    let slot = {
+        let slot = cluster.slot(&key);
+        let primary = cluster.primary_of_slot(slot);
+        let replica = cluster.replicas_of(primary);
+        assert_eq!(replica.len(), 1);
+        // A cluster replica answers key commands with MOVED; KEYS reads its own data.
+        assert_eq!(
+            replica[0].keys(&key),
+            std::slice::from_ref(&key),
+            "WAIT returned before the replica had the lock"
+        );
+        slot
+    };
+
+    let mut cluster = cluster;
+    let old = cluster.primary_of_slot(slot).port();
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.fail_over_and_rejoin(slot);
+        cluster
+    })
+    .await
+    .unwrap();
+    assert_ne!(cluster.primary_of_slot(slot).port(), old);
+
+    // After the switch the other client is refused, answered by the new primary (errors while its
+    // clients learn of the switch are allowed, grants are not), for more than a renew interval.
+    let until = Instant::now() + lease / 2;
+    let (mut refused, mut failed) = (0, 0);
+    while Instant::now() < until || refused < 5 {
+        match b.lock(&name).try_acquire().await {
+            Ok(Some(_)) => panic!("granted to a second client while the first held it"),
+            Ok(None) => refused += 1,
+            Err(_) => failed += 1,
+        }
+        assert!(
+            Instant::now() < until + lease,
+            "only {refused} refusals, {failed} errors"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held.is_held(), "the holder lost the lock in the failover");
+    // Renewed on the new primary: its TTL was set again after the switch.
+    let ttl = cluster
+        .primary_of_slot(slot)
+        .cmd(&["PTTL", &key])
+        .as_int()
+        .unwrap();
+    assert!(ttl > 0, "pttl {ttl}");
+    held.release().await.unwrap();
+    let next = b
+        .lock(&name)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    next.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
+/// A shortfall: with the only replica paused, an acquisition that asks for one replica fails
+/// within `sync_timeout` (plus margin) and leaves no key; asking for two replicas with one attached
+/// fails the same way. Unpaused, it is granted, and the replica has the lock by then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_shortfall_fails_and_leaves_nothing() {
+    let group = tokio::task::spawn_blocking(|| Replicated::start(1))
+        .await
+        .unwrap();
+    let url = group.primary.url();
+    let wait = Duration::from_millis(500);
+    let one = LockClient::connect_with(
+        &url,
+        config(Duration::from_secs(30))
+            .sync_replicas(1)
+            .sync_timeout(wait),
+    )
+    .await
+    .unwrap();
+    let two = LockClient::connect_with(
+        &url,
+        config(Duration::from_secs(30))
+            .sync_replicas(2)
+            .sync_timeout(wait),
+    )
+    .await
+    .unwrap();
+
+    let name = unique_name("synced");
+    let guard = one.lock(&name).acquire().await.expect("synced acquire");
+    assert!(
+        group.replicas[0].exists(&lock_key(&name)),
+        "granted before the replica had it"
+    );
+    guard.release().await.unwrap();
+
+    let name = unique_name("two");
+    let start = Instant::now();
+    match two.lock(&name).try_acquire().await {
+        Err(Error::ReplicaSync { acked: 1, needed: 2 }) => {}
+        other => panic!("expected a shortfall of one replica, got {other:?}"),
+    }
+    assert!(
+        start.elapsed() < wait + Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        !group.primary.exists(&lock_key(&name)),
+        "the shortfall left the lock behind"
+    );
+
+    group.replicas[0].pause();
+    let name = unique_name("paused");
+    let start = Instant::now();
+    let outcome = one.lock(&name).try_acquire().await;
+    let took = start.elapsed();
+    group.replicas[0].resume();
+    match outcome {
+        Err(Error::ReplicaSync { acked: 0, needed: 1 }) => {}
+        other => panic!("expected a shortfall, got {other:?}"),
+    }
+    assert!(took < wait + Duration::from_secs(2), "took {took:?}");
+    assert!(
+        !group.primary.exists(&lock_key(&name)),
+        "the shortfall left the lock behind"
+    );
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+/// `sync_replicas` needs `WAIT`: a user whose ACL refuses it cannot connect with it on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_replicas_without_wait_is_refused_at_connect() {
+    let group = tokio::task::spawn_blocking(|| Replicated::start(1))
+        .await
+        .unwrap();
+    group.primary.cmd(&[
+        "ACL",
+        "SETUSER",
+        "locker",
+        "on",
+        ">pw",
+        "~relock:*",
+        "&relock:*",
+        "+evalsha",
+        "+script|load",
+        "+info",
+        "+subscribe",
+        "+unsubscribe",
+        "+ping",
+        "+exists",
+        "+hkeys",
+        "+hget",
+        "+hset",
+        "+hdel",
+        "+hexists",
+        "+pexpire",
+        "+pttl",
+        "+get",
+        "+set",
+        "+time",
+        "+publish",
+        "+config|get",
+    ]);
+    let url = format!("redis://locker:pw@{}", group.primary.addr());
+    let plain = LockClient::connect_with(&url, config(Duration::from_secs(30))).await;
+    assert!(plain.is_ok(), "without sync: {plain:?}");
+    match LockClient::connect_with(&url, config(Duration::from_secs(30)).sync_replicas(1)).await {
+        Err(Error::InvalidConfig(msg)) => assert!(msg.contains("WAIT"), "{msg}"),
+        other => panic!("expected InvalidConfig, got {other:?}"),
+    }
+}
+
+/// A Sentinel-managed primary with two replicas and sync on: `SENTINEL FAILOVER` while a lock is
+/// held. The lock survives (the promoted replica had it), new acquisitions work after the switch
+/// (relock follows the sentinels' `+switch-master` at once), and the holder's watchdog renews on the
+/// new primary, confirmed by the other replica. (With one replica, nothing could confirm a write
+/// until the sentinels turn the old primary into a replica, some 10 s later.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_keeps_a_synced_lock() {
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start(2))
+        .await
+        .unwrap();
+    // Renewals fail until the other replica has synced from the new primary: a lease with room.
+    let lease = Duration::from_secs(10);
+    let synced = config(lease).sync_replicas(1);
+    let a = LockClient::connect_with(&group.url(), synced.clone())
+        .await
+        .expect("connect");
+    let b = LockClient::connect_with(&group.url(), synced)
+        .await
+        .expect("connect");
+    assert!(a.server().contains("relock"), "{}", a.server());
+    let name = unique_name("sentinel");
+    let held = a.lock(&name).acquire().await.unwrap();
+    let before = group.primary_port();
+    let group = tokio::task::spawn_blocking(move || {
+        group.fail_over();
+        group
+    })
+    .await
+    .unwrap();
+    let after = group.primary_port();
+    assert_ne!(before, after);
+    let promoted = [&group.data.primary]
+        .into_iter()
+        .chain(&group.data.replicas)
+        .find(|s| s.port() == after)
+        .unwrap();
+    assert!(
+        promoted.exists(&lock_key(&name)),
+        "the promoted replica lacks the lock"
+    );
+
+    // New acquisitions work after the switch, on the new primary (relock follows the sentinels'
+    // announcement; one made in the moment before it may land on the old primary, and its release
+    // may meet the reconnection).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let other = unique_name("after");
+        match b.lock(&other).try_acquire().await {
+            Ok(Some(guard)) if promoted.exists(&lock_key(&other)) => {
+                guard.release().await.unwrap();
+                break;
+            }
+            Ok(Some(guard)) => drop(guard),
+            _ => {}
+        }
+        assert!(Instant::now() < deadline, "no acquisition on the new primary");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        b.lock(&name).try_acquire().await.unwrap().is_none(),
+        "granted twice"
+    );
+    tokio::time::sleep(lease).await;
+    assert!(held.is_held(), "not renewed on the new primary");
+    assert!(promoted.exists(&lock_key(&name)));
+    held.release().await.unwrap();
+    assert!(!promoted.exists(&lock_key(&name)));
+    a.shutdown().await;
+    b.shutdown().await;
+}
