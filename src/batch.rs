@@ -21,7 +21,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use fred::types::{Key, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::node::NodeClient;
+use crate::link::NodeClient;
 use crate::scripts::scripts;
 use crate::Error;
 

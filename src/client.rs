@@ -4,9 +4,21 @@ use std::sync::Arc;
 
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
+use crate::link::SyncReplicas;
 use crate::lock::Lock;
-use crate::node::{EvictionCheck, Node, SyncReplicas};
+use crate::node::{EvictionCheck, Node};
+use crate::quorum::Masters;
 use crate::Error;
+
+/// Builds a client's core and starts its two background tasks, the watchdog and the releaser
+/// (see the crate's architecture notes). Must run inside a tokio runtime.
+pub(crate) fn start_core(masters: Masters, config: LockConfig, owns_clients: bool) -> Arc<Core> {
+    let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
+    let core = Arc::new(Core::new(masters, config, owns_clients, jobs));
+    tokio::spawn(crate::watchdog::run(Arc::downgrade(&core)));
+    tokio::spawn(crate::releaser::run(rx));
+    core
+}
 
 /// A connection to one Redis deployment (a server, a cluster, or a Sentinel-managed primary) that
 /// hands out [`Lock`]s.
@@ -88,11 +100,11 @@ impl LockClient {
         let timeout = config.get_command_timeout();
         node.init(EvictionCheck::of(&config), timeout, config.get_key_prefix())
             .await?;
-        // One server: its restart loses the locks whatever the quorum does, so nothing to quarantine.
-        let quorum = QuorumConfig::default()
-            .node_timeout(timeout)
-            .restart_quarantine(false);
-        let core = Core::start(vec![Arc::new(node)], config, quorum, owns_client);
+        let masters = Masters {
+            nodes: vec![Arc::new(node)],
+            config: QuorumConfig::for_one_master(timeout),
+        };
+        let core = start_core(masters, config, owns_client);
         Ok(LockClient { core })
     }
 
@@ -109,7 +121,7 @@ impl LockClient {
     /// The deployment this client talks to: `host:port`, `cluster host:port,...` or
     /// `sentinel service NAME`.
     pub fn server(&self) -> &str {
-        &self.core.nodes[0].server
+        &self.core.masters.nodes[0].server
     }
 
     /// Releases every lock this client holds (their guards become lost), stops the background tasks

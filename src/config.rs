@@ -290,6 +290,15 @@ impl QuorumConfig {
         Ok(())
     }
 
+    /// The configuration of a [`LockClient`](crate::LockClient), which is the quorum algorithm over one
+    /// master: its requests are bounded by `timeout` (the command timeout), and a restart is not
+    /// quarantined (one server that restarted lost its locks whatever a quorum does).
+    pub(crate) fn for_one_master(timeout: Duration) -> QuorumConfig {
+        QuorumConfig::default()
+            .node_timeout(timeout)
+            .restart_quarantine(false)
+    }
+
     /// The drift allowed for a lease.
     pub(crate) fn drift(&self, lease: Duration) -> Duration {
         lease.mul_f64(self.clock_drift_factor) + Duration::from_millis(2)

@@ -7,7 +7,8 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
-use crate::core::{Core, Hold, HoldState, Job};
+use crate::core::Core;
+use crate::hold::{Grant, Hold, Job};
 use crate::Error;
 
 /// Proof that a lock is held: returned by [`Lock::acquire`](crate::Lock::acquire) and its siblings.
@@ -53,15 +54,16 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(core: Arc<Core>, hold: Arc<Hold>, st: &HoldState) -> LockGuard {
+    /// The guard of `grant`, which the engine returned.
+    pub(crate) fn new(core: Arc<Core>, grant: Grant) -> LockGuard {
         LockGuard {
             core,
-            hold,
-            gen: st.gen,
-            field: st.field.clone(),
-            token: st.token,
-            hold_count: st.count,
-            lost: st.lost.clone(),
+            hold: grant.hold,
+            gen: grant.gen,
+            field: grant.field,
+            token: grant.token,
+            hold_count: grant.count,
+            lost: grant.lost,
             done: false,
         }
     }
@@ -141,7 +143,7 @@ impl LockGuard {
     fn enqueue_release(&self, reply: Option<oneshot::Sender<Result<(), Error>>>) -> bool {
         // Taken before the level goes, so that no acquisition of the same owner slips in between.
         let ops = self.hold.ops.clone().try_lock_owned().ok();
-        let Some(was_lost) = self.core.drop_level(&self.hold, self.gen) else {
+        let Some(was_lost) = self.hold.drop_level(self.gen) else {
             if let Some(reply) = reply {
                 let _ = reply.send(Err(Error::NotHeld));
             }

@@ -39,6 +39,16 @@
 //! - **One Redis** is a single point of failure, and a replica promoted after an asynchronous failover
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 
+//!
+//! ## Topologies
+//!
+//! One [`LockClient`] serves one server (`redis://`), a Redis Cluster (`redis-cluster://`) or a
+//! Sentinel-managed primary (`redis-sentinel://`); a [`MultiLock`] combines any of them as its
+//! masters. With [`LockConfig::sync_replicas`], an acquisition counts only once that many replicas
+//! acknowledged it (`WAIT`), so a failover that promotes one of them keeps the lock.
+//!
+//! The layers and background tasks are drawn in `ARCHITECTURE.md` at the repository's root.
+
 #![warn(missing_docs)]
 
 mod batch;
@@ -47,12 +57,15 @@ mod config;
 mod core;
 mod error;
 mod guard;
+mod hold;
 mod keys;
+mod link;
 mod lock;
 mod multi;
 mod node;
 mod owner;
 mod quorum;
+mod releaser;
 mod scripts;
 mod topology;
 mod waiters;

@@ -6,8 +6,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::{check_lease, check_name};
-use crate::core::{Attempt, Core, LeaseMode};
+use crate::core::{Attempt, Core};
 use crate::guard::LockGuard;
+use crate::hold::LeaseMode;
 use crate::keys::LockKeys;
 use crate::owner::Owner;
 use crate::quorum::jitter;
@@ -143,7 +144,12 @@ impl Lock {
     /// Whether anyone holds the lock (on a majority of the masters). Within one node timeout.
     pub async fn is_locked(&self) -> Result<bool, Error> {
         check_name(&self.name)?;
-        let checks = self.core.nodes.iter().map(|node| node.is_locked(&self.keys));
+        let checks = self
+            .core
+            .masters
+            .nodes
+            .iter()
+            .map(|node| node.is_locked(&self.keys));
         let mut locked = 0;
         let mut answered = 0;
         let mut error = None;
@@ -157,8 +163,8 @@ impl Lock {
             }
         }
         match error {
-            Some(err) if answered < self.core.needed() => Err(err),
-            _ => Ok(locked >= self.core.needed()),
+            Some(err) if answered < self.core.masters.needed() => Err(err),
+            _ => Ok(locked >= self.core.masters.needed()),
         }
     }
 
@@ -172,7 +178,12 @@ impl Lock {
     /// the fencing token is for.
     pub async fn force_unlock(&self) -> Result<bool, Error> {
         check_name(&self.name)?;
-        let removals = self.core.nodes.iter().map(|node| node.force_unlock(&self.keys));
+        let removals = self
+            .core
+            .masters
+            .nodes
+            .iter()
+            .map(|node| node.force_unlock(&self.keys));
         let mut removed = false;
         let mut error = None;
         for result in futures::future::join_all(removals).await {
@@ -220,9 +231,9 @@ impl Lock {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
             let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode, until).await {
-                Ok(Attempt::Granted(guard)) => {
+                Ok(Attempt::Granted(grant)) => {
                     wake_up.0 = None;
-                    return Ok(Some(guard));
+                    return Ok(Some(LockGuard::new(self.core.clone(), grant)));
                 }
                 Ok(Attempt::Refused { ttl, split }) => {
                     wake_up.0 = None;
@@ -245,7 +256,7 @@ impl Lock {
             }
             if subscriptions.is_empty() {
                 let mut confirmed = true;
-                for node in &self.core.nodes {
+                for node in &self.core.masters.nodes {
                     let (subscription, wake, ok) = node.waiters.subscribe(&self.keys.channel);
                     subscriptions.push(subscription);
                     armed.push(wake);
@@ -258,9 +269,9 @@ impl Lock {
             }
             // Woken by a release, or when the holder's lease would have run out, or (split vote)
             // after a random delay; never later than the caller's bound.
-            let mut delay = ttl.unwrap_or(self.core.quorum.retry_delay);
+            let mut delay = ttl.unwrap_or(self.core.masters.config.retry_delay);
             if split {
-                delay = delay.min(jitter(self.core.quorum.retry_delay));
+                delay = delay.min(jitter(self.core.masters.config.retry_delay));
             }
             let mut wake_at = Instant::now() + delay;
             if let Some(until) = until {

@@ -6,8 +6,10 @@ use std::sync::Arc;
 use crate::client::LockClient;
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
+use crate::link::SyncReplicas;
 use crate::lock::Lock;
-use crate::node::{EvictionCheck, Node, SyncReplicas};
+use crate::node::{EvictionCheck, Node};
+use crate::quorum::Masters;
 use crate::Error;
 
 /// Locks held on a majority of N independent Redis masters, with the Redlock algorithm.
@@ -52,7 +54,7 @@ impl MultiLock {
         let lock_config = config.lock.clone().unwrap_or_else(|| first.core.config.clone());
         let nodes: Vec<Arc<Node>> = clients
             .iter()
-            .map(|client| client.core.nodes[0].clone())
+            .map(|client| client.core.masters.nodes[0].clone())
             .collect();
         MultiLock::start(nodes, lock_config, config, false)
     }
@@ -125,7 +127,7 @@ impl MultiLock {
             ));
         }
         Ok(MultiLock {
-            core: Core::start(nodes, lock_config, config, owns_clients),
+            core: crate::client::start_core(Masters { nodes, config }, lock_config, owns_clients),
         })
     }
 
@@ -136,7 +138,7 @@ impl MultiLock {
 
     /// The number of masters.
     pub fn masters(&self) -> usize {
-        self.core.nodes.len()
+        self.core.masters.nodes.len()
     }
 
     /// Releases every lock this MultiLock holds and stops its background tasks (the connections of
@@ -148,7 +150,7 @@ impl MultiLock {
 
 /// Refuses a master given twice: by the same address, or (once reached) by its `run_id`, which
 /// tells `127.0.0.1:P` and `localhost:P` apart from two servers. A master reached only later is
-/// checked then, and does not vote if it repeats another (see `Core::voters`).
+/// checked then, and does not vote if it repeats another (see `Masters::voters`).
 fn check_distinct<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Result<(), Error> {
     let mut seen = HashSet::new();
     let mut run_ids = HashSet::new();
@@ -173,7 +175,13 @@ fn check_distinct<N: std::borrow::Borrow<Node>>(nodes: &[N]) -> Result<(), Error
 
 impl std::fmt::Debug for MultiLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let servers: Vec<&str> = self.core.nodes.iter().map(|n| n.server.as_str()).collect();
+        let servers: Vec<&str> = self
+            .core
+            .masters
+            .nodes
+            .iter()
+            .map(|n| n.server.as_str())
+            .collect();
         f.debug_struct("MultiLock").field("masters", &servers).finish()
     }
 }

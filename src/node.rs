@@ -15,8 +15,9 @@ use fred::types::{Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::keys::LockKeys;
+use crate::link::{NodeClient, Reply, SyncReplicas};
 use crate::scripts::{not_run, scripts, Script};
-use crate::topology::{self, Topology};
+use crate::topology::{self, ServerInfo, Topology};
 use crate::waiters::Waiters;
 use crate::Error;
 
@@ -44,94 +45,6 @@ pub(crate) enum Released {
 /// fails after the node timeout and is then never sent, but fred frees it only at reconnect.
 const MAX_BUFFERED: usize = 4096;
 
-/// What replicas must confirm before a write counts (`LockConfig::sync_replicas`).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SyncReplicas {
-    pub(crate) replicas: usize,
-    pub(crate) timeout: Duration,
-}
-
-impl SyncReplicas {
-    /// The replica sync a configuration asks for, if any.
-    pub(crate) fn of(config: &crate::LockConfig) -> Option<SyncReplicas> {
-        (config.get_sync_replicas() > 0).then(|| SyncReplicas {
-            replicas: config.get_sync_replicas(),
-            timeout: config.get_sync_timeout(),
-        })
-    }
-}
-
-/// How requests reach one node: the clients, relock's per-command options, and the topology that
-/// routes them. Every script call relock makes goes through [`NodeClient::call`].
-pub(crate) struct NodeClient {
-    pub(crate) client: Client,
-    /// The command client with relock's per-command options: every request to this node is bounded
-    /// here, by fred's own timeout (so that a timed-out command is also never sent late), and made
-    /// once (never resent by fred).
-    pub(crate) cmd: WithOptions<Client>,
-    options: Options,
-    /// The bound of one request.
-    pub(crate) timeout: Duration,
-    pub(crate) topology: Topology,
-    /// Synced writes: their own connection (a `WAIT` blocks the connection it runs on), with a
-    /// timeout that leaves room for the wait.
-    sync: Option<(WithOptions<Client>, SyncReplicas)>,
-}
-
-/// A script call's reply, and for a synced call how many replicas acknowledged it.
-pub(crate) struct Reply<R> {
-    pub(crate) value: R,
-    pub(crate) acked: Option<usize>,
-}
-
-impl NodeClient {
-    /// Runs `script` once on the keys' slot (see [`Script::run`]). With synced writes the call goes
-    /// on the synced connection, followed there by `WAIT` (which covers every write of the call)
-    /// unless `wait` is false.
-    pub(crate) async fn call<R: fred::types::FromValue>(
-        &self,
-        script: &Script,
-        keys: Vec<Key>,
-        args: Vec<Value>,
-        wait: bool,
-    ) -> Result<Reply<R>, fred::error::Error> {
-        let Some((sync, replicas)) = &self.sync else {
-            let value = script.run(&self.cmd, keys, args).await?;
-            return Ok(Reply { value, acked: None });
-        };
-        if !wait {
-            let value = script.run(sync, keys, args).await?;
-            return Ok(Reply { value, acked: None });
-        }
-        let slot = keys.first().map_or(0, |key| {
-            self.topology.slot(&String::from_utf8_lossy(key.as_bytes()))
-        });
-        let waiter = sync.with_options(&self.topology.route(&self.sync_options(replicas), slot));
-        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
-        // Polled in this order, so the script is written to the connection before the WAIT.
-        let (value, acked) = futures::join!(
-            script.run::<R, _>(sync, keys, args),
-            waiter.custom::<i64, i64>(topology::wait_command(), vec![replicas.replicas as i64, wait_ms]),
-        );
-        Ok(Reply {
-            value: value?,
-            acked: Some(acked?.max(0) as usize),
-        })
-    }
-
-    fn sync_options(&self, replicas: &SyncReplicas) -> Options {
-        Options {
-            timeout: Some(self.timeout + replicas.timeout),
-            ..self.options.clone()
-        }
-    }
-
-    /// The replicas a synced write needs, if writes are synced.
-    pub(crate) fn sync_replicas(&self) -> Option<usize> {
-        self.sync.as_ref().map(|(_, s)| s.replicas)
-    }
-}
-
 /// A Redis master as relock uses it.
 pub(crate) struct Node {
     pub(crate) link: Arc<NodeClient>,
@@ -158,87 +71,24 @@ struct Health {
     run_id: Option<String>,
     /// When the server last started, as far as this client knows: on first sight and on a new
     /// `run_id`, now minus its `uptime_in_seconds`. A server first seen a moment after it restarted
-    /// is thus treated like one seen restarting.
+    /// is thus treated like one seen restarting. A later new `run_id` (a restart, or a failover
+    /// to a replica whose uptime is older than its promotion) dates it now.
     started_at: Option<Instant>,
-}
-
-/// What relock reads of a server's `INFO` (of every primary of a cluster, combined).
-#[derive(Debug, Default)]
-pub(crate) struct ServerInfo {
-    pub(crate) run_id: String,
-    pub(crate) uptime: Duration,
-    pub(crate) version: String,
-    pub(crate) cluster_enabled: bool,
-    pub(crate) maxmemory: u64,
-    pub(crate) maxmemory_policy: String,
-}
-
-impl ServerInfo {
-    pub(crate) fn parse(info: &str) -> ServerInfo {
-        let mut out = ServerInfo::default();
-        for line in info.lines() {
-            let Some((field, value)) = line.trim().split_once(':') else {
-                continue;
-            };
-            match field {
-                "run_id" => out.run_id = value.to_string(),
-                "uptime_in_seconds" => out.uptime = Duration::from_secs(value.parse().unwrap_or(0)),
-                "redis_version" => out.version = value.to_string(),
-                "cluster_enabled" => out.cluster_enabled = value == "1",
-                "maxmemory" => out.maxmemory = value.parse().unwrap_or(0),
-                "maxmemory_policy" => out.maxmemory_policy = value.to_string(),
-                _ => {}
-            }
-        }
-        out
-    }
-
-    /// The major version, 0 if unknown.
-    pub(crate) fn major(&self) -> u32 {
-        self.version
-            .split('.')
-            .next()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    }
-
-    /// The facts of several servers (a cluster's primaries) as one: a `run_id` that changes when
-    /// any of them restarts or fails over, the shortest uptime, the oldest version, and the loosest
-    /// eviction policy.
-    pub(crate) fn combine(mut infos: Vec<ServerInfo>) -> ServerInfo {
-        infos.sort_by(|a, b| a.run_id.cmp(&b.run_id));
-        let mut out = ServerInfo {
-            run_id: infos
-                .iter()
-                .map(|i| i.run_id.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-            cluster_enabled: infos.iter().all(|i| i.cluster_enabled),
-            ..ServerInfo::default()
-        };
-        out.uptime = infos.iter().map(|i| i.uptime).min().unwrap_or_default();
-        if let Some(oldest) = infos.iter().min_by_key(|i| i.major()) {
-            out.version = oldest.version.clone();
-        }
-        out.maxmemory = infos.iter().map(|i| i.maxmemory).max().unwrap_or(0);
-        out.maxmemory_policy = infos
-            .iter()
-            .map(|i| i.maxmemory_policy.clone())
-            .find(|p| !p.is_empty() && p != "noeviction")
-            .unwrap_or_else(|| "noeviction".into());
-        out
-    }
 }
 
 impl Health {
     /// Records a sighting of the server; a new `run_id` (also the first) dates its start.
     fn observe(&mut self, info: &ServerInfo, server: &str) {
         if self.run_id.as_deref() != Some(info.run_id.as_str()) {
-            if self.run_id.is_some() {
-                tracing::warn!(node = %server, "master restarted (new run_id): it sits out of quorums for the longest lease");
-            }
             let now = Instant::now();
-            self.started_at = Some(now.checked_sub(info.uptime).unwrap_or(now));
+            self.started_at = if self.run_id.is_some() {
+                // Another process serves now: restarted, or a replica promoted by a failover,
+                // whose uptime says nothing of when it became the primary. Either way from now.
+                tracing::warn!(node = %server, "master restarted or failed over (new run_id): it sits out of quorums for the longest lease");
+                Some(now)
+            } else {
+                Some(now.checked_sub(info.uptime).unwrap_or(now))
+            };
             self.run_id = Some(info.run_id.clone());
         }
         self.suspect = false;
@@ -719,33 +569,6 @@ impl Node {
     }
 }
 
-impl NodeClient {
-    /// The bound of one request: the node timeout, plus the replica wait when writes are synced.
-    pub(crate) fn bound(&self) -> Duration {
-        match &self.sync {
-            Some((_, sync)) => self.timeout + sync.timeout,
-            None => self.timeout,
-        }
-    }
-
-    /// A fred error of a request to this node: its own timeout is relock's [`Error::Timeout`].
-    pub(crate) fn redis_error(&self, err: fred::error::Error) -> Error {
-        if *err.kind() == fred::error::ErrorKind::Timeout {
-            Error::Timeout(self.bound())
-        } else {
-            Error::Redis(err)
-        }
-    }
-
-    /// `Err(ReplicaSync)` when a synced write was acknowledged by too few replicas.
-    pub(crate) fn check_acked(&self, acked: Option<usize>) -> Result<(), Error> {
-        match (acked, self.sync_replicas()) {
-            (Some(acked), Some(needed)) if acked < needed => Err(Error::ReplicaSync { acked, needed }),
-            _ => Ok(()),
-        }
-    }
-}
-
 /// Closes a node's command clients: `QUIT` if the servers answer soon, and in any case stops the
 /// tasks that drive the connections, which would otherwise keep reconnecting to servers that are gone
 /// (a `QUIT` to such a server would wait for the reconnection forever).
@@ -760,12 +583,6 @@ async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandl
     for connection in connections {
         connection.abort();
     }
-}
-
-/// Closes a client of its own (a subscriber): as [`close`].
-pub(crate) async fn close_client(client: Client, connection: fred::types::ConnectHandle) {
-    let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
-    connection.abort();
 }
 
 /// How much later than fred's own timeout a request is abandoned by relock's backstop.

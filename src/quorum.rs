@@ -18,10 +18,94 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
-use crate::core::Core;
+use crate::config::QuorumConfig;
 use crate::keys::LockKeys;
-use crate::node::{Released, Vote};
+use crate::node::{Node, Released, Vote};
 use crate::Error;
+
+/// The masters a client votes over: one for a [`LockClient`](crate::LockClient) (a server, a
+/// cluster or a sentinel group is one master), N for a [`MultiLock`](crate::MultiLock).
+///
+/// # One master
+///
+/// A `LockClient` runs this same algorithm over one master. That case differs in four ways, and
+/// this is where they are decided:
+/// - the only master draws the fencing token, so there is no fence write-back (see
+///   [`acquire`]);
+/// - a failed request is reported as its own error, not as [`Error::Quorum`]
+///   ([`Masters::report`]);
+/// - its [`QuorumConfig`] is made by the client, not by the user: the node timeout is the
+///   command timeout, and restart quarantine is off ([`QuorumConfig::for_one_master`]);
+/// - so a restart is never quarantined: one server that restarted lost its locks whatever a
+///   quorum does. The node's restart watcher still runs (it feeds nothing else), since the same
+///   node may also serve in a `MultiLock` built from this client.
+pub(crate) struct Masters {
+    pub(crate) nodes: Vec<Arc<Node>>,
+    pub(crate) config: QuorumConfig,
+}
+
+impl Masters {
+    /// Whether this is one master (see the type's doc).
+    pub(crate) fn single(&self) -> bool {
+        self.nodes.len() == 1
+    }
+
+    /// How many masters make a majority.
+    pub(crate) fn needed(&self) -> usize {
+        majority(self.nodes.len())
+    }
+
+    /// The error of a round that did not reach a quorum: one master's own error as it is.
+    fn report(&self, error: Option<Error>, quorum: Error) -> Error {
+        match error {
+            Some(err) if self.single() => err,
+            _ => quorum,
+        }
+    }
+
+    /// The bound of one attempt: a round, plus for several masters the writing of the fence (an
+    /// undo after a failed round is left to the background past it). A little above the node
+    /// timeout (and the replica wait of synced writes), so that the requests' own timeouts, which
+    /// say more, come first.
+    pub(crate) fn attempt_bound(&self) -> Duration {
+        let phases = if self.single() { 1 } else { 2 };
+        let sync = self
+            .nodes
+            .iter()
+            .map(|n| n.link.bound() - n.link.timeout)
+            .max()
+            .unwrap_or_default();
+        (self.config.node_timeout + sync) * phases + Duration::from_millis(10)
+    }
+
+    /// Which masters may vote now: not in restart quarantine (`quarantine`: how long a restarted
+    /// master sits out, if that rule is on), and not the same server as an earlier one (one server
+    /// under two names would be two votes).
+    pub(crate) fn voters(&self, quarantine: Option<Duration>) -> Vec<bool> {
+        if let [node] = &self.nodes[..] {
+            // One server cannot repeat another: no run_id to compare on every acquisition.
+            return vec![quarantine.is_none_or(|q| node.may_vote(q))];
+        }
+        let mut seen: Vec<String> = Vec::new();
+        self.nodes
+            .iter()
+            .map(|node| {
+                if quarantine.is_some_and(|q| !node.may_vote(q)) {
+                    return false;
+                }
+                let Some(run_id) = node.run_id() else {
+                    return false; // not reached yet: it may be another master under another name
+                };
+                if seen.contains(&run_id) {
+                    tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
+                    return false;
+                }
+                seen.push(run_id);
+                true
+            })
+            .collect()
+    }
+}
 
 /// The outcome of one acquisition round.
 pub(crate) enum Round {
@@ -47,21 +131,21 @@ pub(crate) enum Round {
 /// nothing about the hold. Such a round waits for a majority of those that had it, or until so many
 /// said otherwise that none can come; anything in between is an error that leaves the hold alone.
 pub(crate) async fn acquire(
-    core: &Core,
+    masters: &Masters,
+    voters: &[bool],
     keys: &LockKeys,
     field: &Arc<str>,
     lease: Duration,
     target: u32,
 ) -> Result<Round, Error> {
-    let nodes = core.nodes.len();
-    let needed = core.needed();
+    let nodes = masters.nodes.len();
+    let needed = masters.needed();
     let reentry = target > 1;
     let start = Instant::now();
 
     // Masters that may have forgotten locks they granted (restarted), or that repeat another one,
-    // do not vote.
-    let voters = core.voters();
-    let mut pending: FuturesUnordered<_> = core
+    // do not vote (`voters`).
+    let mut pending: FuturesUnordered<_> = masters
         .nodes
         .iter()
         .enumerate()
@@ -105,7 +189,7 @@ pub(crate) async fn acquire(
                     refused[i] = true;
                     denied += 1;
                 }
-                tracing::debug!(lock = %keys.name, node = %core.nodes[i].server, %err, "acquire request failed");
+                tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "acquire request failed");
                 if error.is_none() || matches!(err, Error::WrongType(_)) {
                     error = Some(err);
                 }
@@ -123,13 +207,14 @@ pub(crate) async fn acquire(
     // The rest have been sent; dropping them stops only the waiting.
     drop(pending);
 
-    let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
+    let deadline = start + lease.saturating_sub(masters.config.drift(lease));
     if reentry && backing >= needed && deadline > Instant::now() {
         return Ok(Round::Granted { token: 0, deadline });
     }
     if !reentry && granted.len() >= needed {
         let mut token = granted.iter().map(|g| g.2).max().unwrap_or(0);
-        let fenced = nodes == 1 || raise_fence(core, keys, &granted, token).await >= needed;
+        // One master drew the token itself: nothing to write back.
+        let fenced = masters.single() || raise_fence(masters, keys, &granted, token).await >= needed;
         if !fenced {
             token = 0;
         }
@@ -144,7 +229,7 @@ pub(crate) async fn acquire(
     // (`stragglers`), so that a slow master does not hold up the caller a second time.
     let undo = granted
         .iter()
-        .map(|(i, _, _)| core.nodes[*i].release(keys, field, target - 1));
+        .map(|(i, _, _)| masters.nodes[*i].release(keys, field, target - 1));
     futures::future::join_all(undo).await;
     let decided = granted.len() + refused.iter().filter(|r| **r).count();
     let stragglers = decided < voters.iter().filter(|v| **v).count();
@@ -155,17 +240,17 @@ pub(crate) async fn acquire(
     if let Some(err @ Error::WrongType(_)) = error {
         return Err(err);
     }
+    if reentry && answered >= needed {
+        return Err(Error::Timeout(masters.config.node_timeout));
+    }
     if answered < needed || reentry {
-        return Err(match error {
-            Some(err) if nodes == 1 => err,
-            _ if reentry && answered >= needed => Error::Timeout(core.quorum.node_timeout),
-            _ => Error::Quorum {
-                granted: if reentry { backing } else { granted.len() },
-                answered,
-                needed,
-                nodes,
-            },
-        });
+        let quorum = Error::Quorum {
+            granted: if reentry { backing } else { granted.len() },
+            answered,
+            needed,
+            nodes,
+        };
+        return Err(masters.report(error, quorum));
     }
     Ok(Round::Refused {
         ttl,
@@ -175,10 +260,10 @@ pub(crate) async fn acquire(
 }
 
 /// Writes `token` back to the granting nodes; returns on how many it landed.
-async fn raise_fence(core: &Core, keys: &LockKeys, granted: &[(usize, u64, u64)], token: u64) -> usize {
+async fn raise_fence(masters: &Masters, keys: &LockKeys, granted: &[(usize, u64, u64)], token: u64) -> usize {
     let raises = granted
         .iter()
-        .map(|(i, _, _)| async move { core.nodes[*i].raise_fence(keys, token).await.is_ok() });
+        .map(|(i, _, _)| async move { masters.nodes[*i].raise_fence(keys, token).await.is_ok() });
     futures::future::join_all(raises)
         .await
         .into_iter()
@@ -201,28 +286,27 @@ pub(crate) struct Release {
 impl Release {
     /// `Ok(true)` when a majority answered, `Ok(false)` when a majority said the hold was not
     /// there, else the error (the silent masters are retried in the background by the caller).
-    pub(crate) fn outcome(&self, needed: usize, nodes: usize) -> Result<bool, Error> {
+    pub(crate) fn outcome(&self, masters: &Masters) -> Result<bool, Error> {
+        let needed = masters.needed();
         if self.not_held >= needed {
             return Ok(false);
         }
         if self.held + self.not_held >= needed {
             return Ok(true);
         }
-        Err(match &self.error {
-            Some(err) if nodes == 1 => err.clone(),
-            _ => Error::Quorum {
-                granted: self.held,
-                answered: self.held + self.not_held,
-                needed,
-                nodes,
-            },
-        })
+        let quorum = Error::Quorum {
+            granted: self.held,
+            answered: self.held + self.not_held,
+            needed,
+            nodes: masters.nodes.len(),
+        };
+        Err(masters.report(self.error.clone(), quorum))
     }
 }
 
 /// Sets the count of hold `field` on `keys` to `target` on the given nodes (0 releases).
 pub(crate) async fn release_on(
-    core: &Core,
+    masters: &Masters,
     keys: &LockKeys,
     field: &Arc<str>,
     target: u32,
@@ -230,7 +314,7 @@ pub(crate) async fn release_on(
 ) -> Release {
     let requests = nodes
         .iter()
-        .map(|&i| async move { (i, core.nodes[i].release(keys, field, target).await) });
+        .map(|&i| async move { (i, masters.nodes[i].release(keys, field, target).await) });
     let mut out = Release {
         held: 0,
         not_held: 0,
@@ -253,9 +337,9 @@ pub(crate) async fn release_on(
 }
 
 /// [`release_on`] every node.
-pub(crate) async fn release(core: &Core, keys: &LockKeys, field: &Arc<str>, target: u32) -> Release {
-    let all: Vec<usize> = (0..core.nodes.len()).collect();
-    release_on(core, keys, field, target, &all).await
+pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Arc<str>, target: u32) -> Release {
+    let all: Vec<usize> = (0..masters.nodes.len()).collect();
+    release_on(masters, keys, field, target, &all).await
 }
 
 /// How many of `nodes` masters make a majority.

@@ -25,7 +25,7 @@ use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInter
 use fred::types::config::Server;
 use parking_lot::Mutex;
 
-use crate::node::NodeClient;
+use crate::link::NodeClient;
 use crate::topology::Kind;
 
 /// How often a cluster's slot map is re-read while anyone waits on it.
@@ -241,7 +241,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
             }
         }
     }
-    crate::node::close_client(subscriber, connection).await;
+    crate::link::close_client(subscriber, connection).await;
 }
 
 /// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives

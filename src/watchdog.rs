@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::core::{Core, Hold};
+use crate::core::Core;
+use crate::hold::Hold;
 
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
 const IDLE: Duration = Duration::from_secs(3600);
@@ -37,7 +38,7 @@ pub(crate) async fn run(core: Weak<Core>) {
         }
         // Sleep until the next round or the first lease that runs out, whichever comes first.
         let mut wake = if round.is_none() { next_round } else { now + IDLE };
-        for hold in strong.holds() {
+        for hold in strong.holds.snapshot() {
             let st = hold.state.lock();
             if !st.active() {
                 continue;
@@ -45,7 +46,7 @@ pub(crate) async fn run(core: Weak<Core>) {
             if st.deadline <= now {
                 let gen = st.gen;
                 drop(st);
-                strong.mark_lost(&hold, gen, "the lease ran out before it could be renewed");
+                hold.mark_lost(gen, "the lease ran out before it could be renewed");
             } else {
                 wake = wake.min(st.deadline);
             }
@@ -80,7 +81,8 @@ struct Renewal {
 async fn renew_round(core: Arc<Core>) {
     let lease = core.config.get_watchdog_timeout();
     let holds: Vec<Renewal> = core
-        .holds()
+        .holds
+        .snapshot()
         .into_iter()
         .filter_map(|hold| {
             let st = hold.state.lock();
@@ -107,7 +109,7 @@ async fn renew_round(core: Arc<Core>) {
         .iter()
         .map(|r| (&*r.hold.keys, &*r.field, r.lease))
         .collect();
-    let requests = core.nodes.iter().map(|node| node.renew(&locks));
+    let requests = core.masters.nodes.iter().map(|node| node.renew(&locks));
     let replies = futures::future::join_all(requests).await;
 
     let mut renewed = vec![0usize; holds.len()];
@@ -122,13 +124,13 @@ async fn renew_round(core: Arc<Core>) {
             }
         }
         if let Some(err) = failed {
-            tracing::warn!(node = %core.nodes[n].server, %err, "renewal failed");
+            tracing::warn!(node = %core.masters.nodes[n].server, %err, "renewal failed");
         }
     }
 
-    let needed = core.needed();
-    let most_gone = core.nodes.len() - needed;
-    let deadline = start + lease.saturating_sub(core.quorum.drift(lease));
+    let needed = core.masters.needed();
+    let most_gone = core.masters.nodes.len() - needed;
+    let deadline = start + lease.saturating_sub(core.masters.config.drift(lease));
     let mut ok = 0;
     for (i, r) in holds.iter().enumerate() {
         if renewed[i] >= needed {
@@ -140,7 +142,7 @@ async fn renew_round(core: Arc<Core>) {
             }
             ok += 1;
         } else if gone[i] > most_gone {
-            core.mark_lost(&r.hold, r.gen, "renewal found the lock no longer held");
+            r.hold.mark_lost(r.gen, "renewal found the lock no longer held");
         } else {
             tracing::warn!(lock = %r.hold.keys.name, renewed = renewed[i], needed, "renewal missed a majority; retrying next round");
         }

@@ -6,9 +6,9 @@ mod support;
 
 use std::time::Duration;
 
-use relock::{Error, LockClient, LockConfig};
+use relock::{Error, LockClient, LockConfig, MultiLock, QuorumConfig};
 use support::topologies::{RedisCluster, Replicated, SentinelGroup};
-use support::{lock_key, unique_name};
+use support::{lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
 fn config(lease: Duration) -> LockConfig {
@@ -468,4 +468,70 @@ async fn sentinel_failover_keeps_a_synced_lock() {
     assert!(!promoted.exists(&lock_key(&name)));
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A `MultiLock` whose masters are a Sentinel group and two single servers: a failover of the
+/// group is a restart to the quorum (the promoted replica may lack locks), so the group sits out
+/// of quorums for the longest lease, then votes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multilock_quarantines_a_sentinel_group_that_failed_over() {
+    let group = tokio::task::spawn_blocking(|| SentinelGroup::start(1))
+        .await
+        .unwrap();
+    let singles = [RedisServer::start(), RedisServer::start()];
+    let lease = Duration::from_secs(3);
+    let url = group.url();
+    let urls = [url.as_str(), &singles[0].url(), &singles[1].url()];
+    let quorum = QuorumConfig::default()
+        .node_timeout(Duration::from_millis(500))
+        .lock_config(config(lease));
+    let multi = MultiLock::connect_with(&urls, quorum).await.expect("connect");
+    // Servers only just started do not vote at first (restart quarantine judges their uptime).
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    // Whether the group granted `name` (on whichever server it reached; replicas copy it), and
+    // on how many singles. A quorum returns at a majority: the last grant may land a moment later.
+    let votes = |name: &str, group: &SentinelGroup| {
+        let key = lock_key(name);
+        std::thread::sleep(Duration::from_millis(300));
+        let on_group = [&group.data.primary]
+            .into_iter()
+            .chain(&group.data.replicas)
+            .any(|s| s.exists(&key));
+        (on_group, singles.iter().filter(|s| s.exists(&key)).count())
+    };
+    let name = unique_name("before");
+    let guard = multi.lock(&name).acquire().await.unwrap();
+    assert_eq!(
+        votes(&name, &group),
+        (true, 2),
+        "every master votes before the failover"
+    );
+    guard.release().await.unwrap();
+
+    let group = tokio::task::spawn_blocking(move || {
+        group.fail_over();
+        group
+    })
+    .await
+    .unwrap();
+    // Once the client has followed the switch (it reads the new run_id), the group sits out.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sat_out = loop {
+        let name = unique_name("after");
+        let guard = multi.lock(&name).acquire().await.unwrap();
+        let seen = votes(&name, &group);
+        guard.release().await.unwrap();
+        if !seen.0 || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(sat_out, (false, 2), "the failed-over group voted at once");
+    // A lease later it votes again.
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    let name = unique_name("later");
+    let guard = multi.lock(&name).acquire().await.unwrap();
+    assert_eq!(votes(&name, &group), (true, 2), "the group never came back");
+    guard.release().await.unwrap();
+    multi.shutdown().await;
 }

@@ -10,7 +10,7 @@ use fred::interfaces::{ClientLike, ClusterInterface};
 use fred::types::cluster::ClusterRouting;
 use fred::types::config::{Options, Server};
 
-use crate::node::ServerInfo;
+use super::ServerInfo;
 use crate::Error;
 
 pub(super) fn name(hosts: &[Server]) -> String {

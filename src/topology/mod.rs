@@ -9,16 +9,84 @@ mod sentinel;
 mod standalone;
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
 use fred::interfaces::ClientLike;
 use fred::types::config::{Options, ServerConfig};
 use fred::types::ClusterHash;
 
-use crate::node::ServerInfo;
 use crate::Error;
 
 pub(crate) use sentinel::follow_switches;
+
+/// What relock reads of a server's `INFO` (of every primary of a cluster, combined).
+#[derive(Debug, Default)]
+pub(crate) struct ServerInfo {
+    pub(crate) run_id: String,
+    pub(crate) uptime: Duration,
+    pub(crate) version: String,
+    pub(crate) cluster_enabled: bool,
+    pub(crate) maxmemory: u64,
+    pub(crate) maxmemory_policy: String,
+}
+
+impl ServerInfo {
+    pub(crate) fn parse(info: &str) -> ServerInfo {
+        let mut out = ServerInfo::default();
+        for line in info.lines() {
+            let Some((field, value)) = line.trim().split_once(':') else {
+                continue;
+            };
+            match field {
+                "run_id" => out.run_id = value.to_string(),
+                "uptime_in_seconds" => out.uptime = Duration::from_secs(value.parse().unwrap_or(0)),
+                "redis_version" => out.version = value.to_string(),
+                "cluster_enabled" => out.cluster_enabled = value == "1",
+                "maxmemory" => out.maxmemory = value.parse().unwrap_or(0),
+                "maxmemory_policy" => out.maxmemory_policy = value.to_string(),
+                _ => {}
+            }
+        }
+        out
+    }
+
+    /// The major version, 0 if unknown.
+    pub(crate) fn major(&self) -> u32 {
+        self.version
+            .split('.')
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The facts of several servers (a cluster's primaries) as one: a `run_id` that changes when
+    /// any of them restarts or fails over, the shortest uptime, the oldest version, and the loosest
+    /// eviction policy.
+    pub(crate) fn combine(mut infos: Vec<ServerInfo>) -> ServerInfo {
+        infos.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let mut out = ServerInfo {
+            run_id: infos
+                .iter()
+                .map(|i| i.run_id.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            cluster_enabled: infos.iter().all(|i| i.cluster_enabled),
+            ..ServerInfo::default()
+        };
+        out.uptime = infos.iter().map(|i| i.uptime).min().unwrap_or_default();
+        if let Some(oldest) = infos.iter().min_by_key(|i| i.major()) {
+            out.version = oldest.version.clone();
+        }
+        out.maxmemory = infos.iter().map(|i| i.maxmemory).max().unwrap_or(0);
+        out.maxmemory_policy = infos
+            .iter()
+            .map(|i| i.maxmemory_policy.clone())
+            .find(|p| !p.is_empty() && p != "noeviction")
+            .unwrap_or_else(|| "noeviction".into());
+        out
+    }
+}
 
 /// The kind of deployment behind one node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 use fred::interfaces::ClientLike;
 use fred::types::config::Server;
 
-use crate::node::ServerInfo;
+use super::ServerInfo;
 use crate::Error;
 
 pub(super) fn name(server: &Server) -> String {

@@ -1,0 +1,229 @@
+//! Holds and their registry, and the grant an acquisition hands to the API layer.
+//!
+//! A *hold* is one owner's possession of one lock on this client. Its count is the reentrancy depth;
+//! every acquisition and release of it is serialised by the hold's `ops` mutex and sets the count in
+//! Redis to the local value (never increments it), so Redis follows the local state even when a reply
+//! is lost. A *generation* is one uninterrupted possession: a fresh grant starts one, a loss ends it,
+//! and guards of an ended generation release nothing.
+//!
+//! In Redis, a hold is the field `owner:generation` of the lock hash. Naming the generation means
+//! that a late request of an ended generation (a renewal, a release or an undo still in flight)
+//! finds nothing of its own and changes nothing: it can never extend, free or shorten a later hold
+//! of the same owner.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, watch, OwnedMutexGuard};
+use tokio::time::Instant;
+
+use crate::keys::LockKeys;
+use crate::Error;
+
+/// How a hold keeps its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseMode {
+    /// `watchdog_timeout`, renewed by the watchdog.
+    Watchdog,
+    /// A fixed lease, never renewed.
+    Fixed(Duration),
+}
+
+pub(crate) struct HoldState {
+    pub(crate) gen: u64,
+    pub(crate) count: u32,
+    pub(crate) token: u64,
+    pub(crate) lease: Duration,
+    pub(crate) watchdog: bool,
+    /// When the lease stops being safe, on the monotonic clock (lease start + lease - drift).
+    pub(crate) deadline: Instant,
+    /// Completed (true) when the generation's lease is lost or given up.
+    pub(crate) lost: Arc<watch::Sender<bool>>,
+    /// Removed from the registry; whoever still has it must look the hold up again.
+    pub(crate) retired: bool,
+    /// The Redis field of this generation (owner id and generation).
+    pub(crate) field: Arc<str>,
+}
+
+impl HoldState {
+    pub(crate) fn active(&self) -> bool {
+        self.count > 0 && !*self.lost.borrow()
+    }
+
+    /// The count Redis should hold for generation `gen`: the local count while it is the active
+    /// one, else nothing.
+    pub(crate) fn redis_count(&self, gen: u64) -> u32 {
+        if self.gen == gen && self.active() {
+            self.count
+        } else {
+            0
+        }
+    }
+}
+
+pub(crate) struct Hold {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
+    pub(crate) state: Mutex<HoldState>,
+}
+
+impl Hold {
+    /// Ends generation `gen` as lost, once, with a warning naming the lock. What is left of it in
+    /// Redis is not removed here: it runs out with its lease, as it would had this client crashed,
+    /// so a holder that does not watch `lost()` is not overtaken sooner than that. Its guards remove
+    /// it when they go, and the owner's next acquisition replaces it.
+    pub(crate) fn mark_lost(&self, gen: u64, reason: &str) {
+        let st = self.state.lock();
+        if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
+            st.lost.send_replace(true);
+            tracing::warn!(lock = %self.keys.name, owner = %self.owner, reason, "lock lost");
+        }
+    }
+
+    /// Takes one level off generation `gen`, synchronously, as a guard goes: the same owner's next
+    /// acquisition sees the lower count at once, as after a synchronous unlock. `None` if the
+    /// guard's generation is over; else whether its lease was lost. Redis follows in
+    /// [`Job::Release`].
+    pub(crate) fn drop_level(&self, gen: u64) -> Option<bool> {
+        let mut st = self.state.lock();
+        if st.gen != gen || st.count == 0 || st.retired {
+            return None;
+        }
+        st.count -= 1;
+        let lost = *st.lost.borrow();
+        Some(lost)
+    }
+}
+
+/// What an acquisition hands to the API layer, which builds the guard from it.
+pub(crate) struct Grant {
+    pub(crate) hold: Arc<Hold>,
+    pub(crate) gen: u64,
+    pub(crate) field: Arc<str>,
+    pub(crate) token: u64,
+    /// The reentrancy depth right after this acquisition.
+    pub(crate) count: u32,
+    pub(crate) lost: Arc<watch::Sender<bool>>,
+}
+
+impl Grant {
+    /// The grant of the hold's current generation. Called under the hold's state lock.
+    pub(crate) fn of(hold: &Arc<Hold>, st: &HoldState) -> Grant {
+        Grant {
+            hold: hold.clone(),
+            gen: st.gen,
+            field: st.field.clone(),
+            token: st.token,
+            count: st.count,
+            lost: st.lost.clone(),
+        }
+    }
+}
+
+/// Work for the background releaser (see `releaser.rs`).
+pub(crate) enum Job {
+    /// Bring Redis in line after a guard of generation `gen` went (its level is already taken off
+    /// locally); the result goes to `reply` if anyone waits for it.
+    Release {
+        hold: Arc<Hold>,
+        gen: u64,
+        field: Arc<str>,
+        was_lost: bool,
+        /// The hold's operations lock, when it could be taken at once as the guard went: the same
+        /// owner's next acquisition then queues behind this release instead of racing it.
+        ops: Option<OwnedMutexGuard<()>>,
+        reply: Option<oneshot::Sender<Result<(), Error>>>,
+    },
+    /// Bring Redis back in line with the local count of generation `gen` (`field`) of a hold after
+    /// an operation whose outcome is unknown (cancelled, timed out).
+    Resync(Resync),
+}
+
+/// One hold generation to bring in line, on some nodes.
+pub(crate) struct Resync {
+    pub(crate) keys: Arc<LockKeys>,
+    pub(crate) owner: Arc<str>,
+    pub(crate) field: Arc<str>,
+    pub(crate) gen: u64,
+}
+
+/// A hold is found by its lock key and owner id.
+type HoldKey = (Arc<str>, Arc<str>);
+
+static GENERATIONS: AtomicU64 = AtomicU64::new(1);
+
+/// A new generation number, unique in the process.
+pub(crate) fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The holds of one client, by lock and owner.
+#[derive(Default)]
+pub(crate) struct Holds {
+    holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
+}
+
+impl Holds {
+    /// A snapshot of every hold (the watchdog's round, shutdown).
+    pub(crate) fn snapshot(&self) -> Vec<Arc<Hold>> {
+        self.holds.lock().values().cloned().collect()
+    }
+
+    fn hold_for(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Arc<Hold> {
+        let mut holds = self.holds.lock();
+        holds
+            .entry((keys.lock.clone(), owner.clone()))
+            .or_insert_with(|| {
+                Arc::new(Hold {
+                    keys: keys.clone(),
+                    owner: owner.clone(),
+                    ops: Arc::new(tokio::sync::Mutex::new(())),
+                    state: Mutex::new(HoldState {
+                        gen: 0,
+                        count: 0,
+                        token: 0,
+                        lease: Duration::ZERO,
+                        watchdog: false,
+                        deadline: Instant::now(),
+                        lost: Arc::new(watch::channel(true).0),
+                        retired: false,
+                        field: owner.clone(),
+                    }),
+                })
+            })
+            .clone()
+    }
+
+    /// Removes a hold that no longer holds anything. Called with its `ops` mutex held.
+    pub(crate) fn retire_if_idle(&self, hold: &Arc<Hold>) {
+        let mut holds = self.holds.lock();
+        let mut st = hold.state.lock();
+        if st.count == 0 && !st.retired {
+            st.retired = true;
+            let key = (hold.keys.lock.clone(), hold.owner.clone());
+            if holds.get(&key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
+                holds.remove(&key);
+            }
+        }
+    }
+
+    /// Takes the hold of `owner` on `keys` with its operations serialised, looking it up again if it
+    /// was retired while we waited.
+    pub(crate) async fn lock_hold(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+    ) -> (Arc<Hold>, OwnedMutexGuard<()>) {
+        loop {
+            let hold = self.hold_for(keys, owner);
+            let ops = hold.ops.clone().lock_owned().await;
+            if !hold.state.lock().retired {
+                return (hold, ops);
+            }
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The releaser: one task per client that brings Redis in line after guards go (a release from a
+//! drop, or one a caller awaits) and undoes operations whose outcome is unknown (an attempt
+//! cancelled or timed out mid-round). Jobs run concurrently, so their commands pipeline on each
+//! connection; a master that did not answer is retried with backoff until it does or until what
+//! the operation may have left there has run out by itself.
+//!
+//! It stops when every sender is gone (every core of the process that used it dropped), after
+//! finishing the jobs in flight. It keeps no core alive but the ones its jobs carry, and a retry
+//! between tries keeps none.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::{mpsc, OwnedMutexGuard};
+use tokio::time::Instant;
+
+use crate::core::Core;
+use crate::hold::{Hold, Job, Resync};
+use crate::quorum;
+use crate::Error;
+
+/// The releaser task.
+pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
+    let mut running = FuturesUnordered::new();
+    loop {
+        tokio::select! {
+            job = rx.recv() => match job {
+                Some((core, job)) => running.push(run_job(core, job)),
+                None => break,
+            },
+            Some(()) = running.next(), if !running.is_empty() => {}
+        }
+    }
+    while running.next().await.is_some() {}
+}
+
+async fn run_job(core: Arc<Core>, job: Job) {
+    let (resync, pending) = match job {
+        Job::Release {
+            hold,
+            gen,
+            field,
+            was_lost,
+            ops,
+            reply,
+        } => {
+            let (result, silent) = release(&core, &hold, gen, &field, was_lost, ops).await;
+            match reply {
+                Some(reply) => {
+                    let _ = reply.send(result);
+                }
+                None => {
+                    if let Err(err) = result {
+                        if !matches!(err, Error::NotHeld) {
+                            tracing::warn!(lock = %hold.keys.name, %err, "release from drop failed");
+                        }
+                    }
+                }
+            }
+            if silent.is_empty() {
+                return;
+            }
+            // The release may or may not have landed there: bring them in line once they answer.
+            let resync = Resync {
+                keys: hold.keys.clone(),
+                owner: hold.owner.clone(),
+                field,
+                gen,
+            };
+            (resync, silent)
+        }
+        Job::Resync(resync) => (resync, (0..core.masters.nodes.len()).collect()),
+    };
+    resync_until_answered(Arc::downgrade(&core), resync, pending).await;
+}
+
+/// Brings Redis to the hold's count after a guard of generation `gen` went (see
+/// [`Hold::drop_level`]); also returns the masters that did not answer, for a retry.
+async fn release(
+    core: &Arc<Core>,
+    hold: &Arc<Hold>,
+    gen: u64,
+    field: &Arc<str>,
+    was_lost: bool,
+    ops: Option<OwnedMutexGuard<()>>,
+) -> (Result<(), Error>, Vec<usize>) {
+    let _ops = match ops {
+        Some(ops) => ops,
+        None => hold.ops.clone().lock_owned().await,
+    };
+    // Sent even if the hold was retired meanwhile (say, by a refused attempt of the same owner
+    // that saw this generation's field still there): a repeat is harmless, a skip is not.
+    let target = hold.state.lock().redis_count(gen);
+    // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
+    let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
+    if target == 0 {
+        // Only now: until the release is sent, the same owner's next acquisition must queue
+        // behind it on this hold rather than race it from a new one.
+        core.holds.retire_if_idle(hold);
+    }
+    let silent = outcome.silent.clone();
+    if was_lost {
+        return (Err(Error::NotHeld), silent);
+    }
+    let result = match outcome.outcome(&core.masters) {
+        Ok(true) => {
+            tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
+            Ok(())
+        }
+        Ok(false) => {
+            if target > 0 {
+                hold.mark_lost(gen, "the lock was gone when releasing a nested hold");
+            }
+            Err(Error::NotHeld)
+        }
+        Err(err) => {
+            tracing::warn!(lock = %hold.keys.name, %err, "release not confirmed; retrying in the background");
+            Err(err)
+        }
+    };
+    (result, silent)
+}
+
+/// One try at setting generation `resync.gen` of a hold to its local count (0 if it is not the
+/// active one) on the masters in `pending`; returns those that did not answer. The target is read
+/// under the hold's lock, so a try at any moment is correct, even after the same owner acquired
+/// again.
+async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usize> {
+    let (hold, ops) = core.holds.lock_hold(&resync.keys, &resync.owner).await;
+    let (target, current) = {
+        let st = hold.state.lock();
+        (st.redis_count(resync.gen), st.gen == resync.gen && st.active())
+    };
+    // Only the active generation's operations must stay in order with this one; an ended one's
+    // field is nobody's, so the owner's next acquisition need not wait for silent masters.
+    let _ops = if current {
+        Some(ops)
+    } else {
+        core.holds.retire_if_idle(&hold);
+        drop(ops);
+        None
+    };
+    quorum::release_on(&core.masters, &resync.keys, &resync.field, target, pending)
+        .await
+        .silent
+}
+
+/// Counts an undo in flight, so that shutdown can finish it (`+1`) or forgets it (`-1`).
+fn track_undo(core: &Core, resync: &Resync, delta: isize) {
+    let mut undos = core.undos.lock();
+    let key = (resync.keys.lock.clone(), resync.field.clone());
+    let entry = undos
+        .entry(key.clone())
+        .or_insert_with(|| (resync.keys.clone(), 0));
+    entry.1 = entry.1.saturating_add_signed(delta);
+    if entry.1 == 0 {
+        undos.remove(&key);
+    }
+}
+
+/// Brings the masters in `pending` in line with the local count of a hold generation after an
+/// operation whose outcome is unknown (a grant whose reply was lost, a release that failed).
+/// Masters that do not answer are tried again, with backoff, until whatever the operation may have
+/// left there has run out by itself: otherwise a lost reply would block everyone for a whole
+/// lease. Between tries it keeps no client alive, and a shutdown finishes what is left.
+async fn resync_until_answered(core: Weak<Core>, resync: Resync, mut pending: Vec<usize>) {
+    let Some(strong) = core.upgrade() else { return };
+    let give_up = Instant::now() + strong.longest_lease();
+    track_undo(&strong, &resync, 1);
+    drop(strong);
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let Some(core) = core.upgrade() else { return };
+        if core.is_closed() {
+            return; // shutdown releases what is tracked
+        }
+        pending = resync_once(&core, &resync, &pending).await;
+        let done = pending.is_empty();
+        if done || Instant::now() + backoff >= give_up {
+            if !done {
+                tracing::warn!(lock = %resync.keys.name, silent = pending.len(), "could not undo an interrupted acquisition or release; its lease will run out");
+            }
+            track_undo(&core, &resync, -1);
+            return;
+        }
+        tracing::debug!(lock = %resync.keys.name, silent = pending.len(), ?backoff, "undo not answered; retrying");
+        drop(core);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
