@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::history::{Event, Kind, Store};
 use crate::support::proxy::Proxy;
+use crate::support::topologies::RedisCluster;
 use crate::support::RedisServer;
 use crate::worker::Settings;
 use crate::Topology;
@@ -48,6 +49,9 @@ pub struct Cluster {
     /// `proxies[slot][server]`; in the replicated topology one per slot, to the current primary.
     pub proxies: Vec<Vec<Proxy>>,
     pub store: RedisServer,
+    /// The cluster topology's servers (`servers` is empty then): reached by their own addresses,
+    /// so no proxies and no network faults.
+    pub redis_cluster: Option<RedisCluster>,
     pub workers: Vec<Option<WorkerProcess>>,
     pub events: Arc<Mutex<Vec<Event>>>,
     pub live: Live,
@@ -61,6 +65,7 @@ impl Cluster {
         let servers: Vec<RedisServer> = match topology {
             Topology::Single => vec![RedisServer::start()],
             Topology::Multi => (0..5).map(|_| RedisServer::start()).collect(),
+            Topology::Cluster => Vec::new(),
             Topology::Replicated | Topology::Synced => {
                 let primary = RedisServer::start();
                 let replica = RedisServer::start();
@@ -68,6 +73,8 @@ impl Cluster {
                 vec![primary, replica]
             }
         };
+        let redis_cluster = (topology == Topology::Cluster)
+            .then(|| tokio::task::block_in_place(|| RedisCluster::start(3, 1)));
         let mut proxies = Vec::new();
         for _ in 0..slots {
             // The replicated topology is reached through the primary's address alone.
@@ -84,6 +91,7 @@ impl Cluster {
             primary: 0,
             proxies,
             store,
+            redis_cluster,
             workers: (0..slots).map(|_| None).collect(),
             events: Arc::new(Mutex::new(Vec::new())),
             live: Arc::new(Mutex::new(HashMap::new())),
@@ -97,8 +105,18 @@ impl Cluster {
     pub fn lock_servers(&self) -> Vec<&RedisServer> {
         match self.topology {
             Topology::Replicated | Topology::Synced => vec![&self.servers[self.primary]],
+            Topology::Cluster => self
+                .redis_cluster
+                .as_ref()
+                .map(RedisCluster::primaries)
+                .unwrap_or_default(),
             _ => self.servers.iter().collect(),
         }
+    }
+
+    /// How many items (locks) the workers contend for.
+    pub fn items(&self) -> u32 {
+        self.template.items
     }
 
     /// Starts a worker process in `slot`, talking to the servers through that slot's proxies.
@@ -107,7 +125,10 @@ impl Cluster {
         self.next_id += 1;
         let settings = Settings {
             id,
-            urls: self.proxies[slot].iter().map(Proxy::url).collect(),
+            urls: match &self.redis_cluster {
+                Some(cluster) => vec![cluster.url()],
+                None => self.proxies[slot].iter().map(Proxy::url).collect(),
+            },
             store: self.store.url(),
             ..self.template.clone()
         };

@@ -28,6 +28,8 @@ pub enum Fault {
     Partition,
     /// Replicated topologies: the primary dies, its replica is promoted.
     Failover,
+    /// Cluster: the slot of a held lock moves to another primary (`SETSLOT` + `MIGRATE`).
+    Reshard,
 }
 
 impl Fault {
@@ -42,12 +44,25 @@ impl Fault {
             Fault::DropConnections => "drop-connections",
             Fault::Partition => "partition",
             Fault::Failover => "failover",
+            Fault::Reshard => "reshard",
         }
     }
 
     /// Every fault of a topology: the way it loses data (a restart, or a failover), and the rest.
     fn menu(topology: Topology) -> Vec<Fault> {
         use Fault::*;
+        if topology == Topology::Cluster {
+            // The cluster is reached at the addresses its nodes announce: no proxies, so no
+            // network faults on the client side.
+            return vec![
+                Failover,
+                PauseServers,
+                KillHolder,
+                StopHolder,
+                ScriptFlush,
+                Reshard,
+            ];
+        }
         let loses_data = if topology.replicated() {
             Failover
         } else {
@@ -118,6 +133,22 @@ impl Nemesis {
                         .unprotected
                         .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
                 }
+            }
+            Fault::PauseServers if cluster.topology == Topology::Cluster => {
+                // One primary, sometimes past the node timeout (1 s): its replica then takes over
+                // while it sleeps, and it rejoins as a replica when it wakes.
+                let pause = self.rng.between(Duration::from_millis(300), lease * 3 / 2);
+                let Some(redis) = cluster.redis_cluster.as_ref() else {
+                    return false;
+                };
+                let primaries = redis.primaries();
+                let victim = primaries[self.rng.below(primaries.len() as u64) as usize];
+                victim.pause();
+                tokio::time::sleep(pause).await;
+                victim.resume();
+                tokio::task::block_in_place(|| {
+                    redis.wait_until(Duration::from_secs(30), "settled after a pause", |c| c.settled())
+                });
             }
             Fault::PauseServers => {
                 let victims = self.minority(cluster);
@@ -214,6 +245,32 @@ impl Nemesis {
                     cluster.proxies[s][m].partition(false);
                 }
             }
+            Fault::Failover if cluster.topology == Topology::Cluster => {
+                let slot = self.held_slot(cluster);
+                let Some(redis) = cluster.redis_cluster.as_mut() else {
+                    return false;
+                };
+                tokio::task::block_in_place(|| redis.fail_over_and_rejoin(slot));
+            }
+            Fault::Reshard => {
+                let slot = self.held_slot(cluster);
+                let pick = self.rng.below(2) as usize;
+                let Some(redis) = cluster.redis_cluster.as_ref() else {
+                    return false;
+                };
+                tokio::task::block_in_place(|| {
+                    let from = redis.primary_of_slot(slot).port();
+                    let others: Vec<u16> = redis
+                        .primaries()
+                        .iter()
+                        .map(|p| p.port())
+                        .filter(|p| *p != from)
+                        .collect();
+                    let to = others[pick % others.len()];
+                    let to = redis.nodes.iter().find(|n| n.port() == to).expect("primary");
+                    redis.move_slot(slot, to);
+                });
+            }
             Fault::Failover => {
                 let old = cluster.primary;
                 let new = 1 - old;
@@ -252,7 +309,18 @@ impl Nemesis {
             }
             Topology::Single => vec![0],
             Topology::Replicated | Topology::Synced => vec![cluster.primary],
+            Topology::Cluster => Vec::new(), // its faults pick their own targets
         }
+    }
+
+    /// Cluster: the slot of a lock some worker holds now, else of a random item's lock.
+    fn held_slot(&mut self, cluster: &Cluster) -> u16 {
+        let item = match self.holder(cluster, None) {
+            Some((_, items)) => items[0],
+            None => self.rng.below(u64::from(cluster.items())) as u32,
+        };
+        let redis = cluster.redis_cluster.as_ref().expect("cluster topology");
+        redis.slot(&format!("chaos:{{item-{item}}}"))
     }
 
     /// A slot whose worker holds a lock (in `phase`, if given), and the items it holds.

@@ -78,7 +78,7 @@ impl Locks {
             Topology::Single | Topology::Replicated => {
                 Locks::One(LockClient::connect_with(&settings.urls[0], config).await?)
             }
-            Topology::Synced => {
+            Topology::Synced | Topology::Cluster => {
                 let config = config.sync_replicas(1).sync_timeout(Duration::from_millis(300));
                 Locks::One(LockClient::connect_with(&settings.urls[0], config).await?)
             }
