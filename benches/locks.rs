@@ -516,6 +516,87 @@ async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>, 
     client.shutdown().await;
 }
 
+/// A Redis Cluster of three primaries on this machine: uncontended cycles at 16 and 256 tasks
+/// (names spread over every slot range), and the watchdog with 10,000 locks across slots.
+async fn cluster_rows(mode: &Mode, rows: &mut Vec<Row>, rounds: &RoundLog) {
+    let cluster = support::topologies::RedisCluster::start(3, 0);
+    let url = cluster.url();
+    for tasks in [16usize, 256] {
+        let params = format!("primaries=3 tasks={tasks}");
+        let client = LockClient::connect(&url).await.expect("connect cluster");
+        let base = support::unique_name("c");
+        let stats = run_tasks(tasks, mode.run, |i, d| {
+            relock_uncontended(client.lock(&format!("{base}:{i}")), d)
+        })
+        .await;
+        rows.push(stats.row(
+            "cluster uncontended",
+            "relock",
+            params.clone(),
+            "cycles_per_s",
+            "acquire",
+        ));
+        client.shutdown().await;
+        rows.push(
+            Row::new("cluster uncontended", "rslock", params).note(
+                "not run: rslock's cluster support is behind its `cluster-async` feature, not built here",
+            ),
+        );
+    }
+
+    const LOCKS: usize = 10_000;
+    let interval = if mode.quick {
+        Duration::from_secs(2)
+    } else {
+        Duration::from_secs(10)
+    };
+    let config = LockConfig::default()
+        .watchdog_timeout(interval * 3)
+        .renew_interval(interval);
+    let client = LockClient::connect_with(&url, config).await.unwrap();
+    let base = support::unique_name("cw");
+    let mut guards = Vec::with_capacity(LOCKS);
+    let mut slots = std::collections::HashSet::new();
+    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(500) {
+        let acquires = chunk.iter().map(|i| {
+            let lock = client.lock(&format!("{base}:{i}"));
+            async move { lock.acquire().await.unwrap() }
+        });
+        guards.extend(futures::future::join_all(acquires).await);
+    }
+    for i in 0..LOCKS {
+        slots.insert(cluster.slot(&format!("relock:{{{base}:{i}}}")));
+    }
+    tokio::time::sleep(interval + Duration::from_millis(200)).await;
+    let calls =
+        |c: &support::topologies::RedisCluster| c.primaries().into_iter().map(evalsha_calls).sum::<u64>();
+    let calls_before = calls(&cluster);
+    rounds.clear();
+    let window_rounds = 3;
+    tokio::time::sleep(interval * window_rounds).await;
+    let per_round = (calls(&cluster) - calls_before) as f64 / window_rounds as f64;
+    let (round_count, mean_round) = rounds.summary();
+    let held = guards.iter().filter(|g| g.is_held()).count();
+    rows.push(
+        Row::new(
+            "cluster watchdog",
+            "relock",
+            format!(
+                "primaries=3 locks={LOCKS} slots={} interval={}s",
+                slots.len(),
+                interval.as_secs()
+            ),
+        )
+        .metric("commands_per_round", per_round)
+        .metric("distinct_slots", slots.len() as f64)
+        .metric("round_ms", mean_round.as_secs_f64() * 1000.0)
+        .metric("rounds_seen", round_count as f64)
+        .metric("held_after", held as f64),
+    );
+    drop(guards);
+    client.shutdown().await;
+}
+
 /// 10,000 tasks waiting on 10,000 distinct held locks.
 async fn waiters_scale(server: &RedisServer, rows: &mut Vec<Row>) {
     const LOCKS: usize = 10_000;
@@ -1100,6 +1181,8 @@ fn main() {
         watchdog_scale(&mode, &server, &mut rows, &rounds).await;
         eprintln!("waiters ...");
         waiters_scale(&server, &mut rows).await;
+        eprintln!("cluster ...");
+        cluster_rows(&mode, &mut rows, &rounds).await;
 
         let targets = targets(&rows, ceiling);
         println!("{}", markdown(&rows, &targets));

@@ -113,7 +113,14 @@ async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
             None => groups.push((slot, vec![(op, reply)])),
         }
     }
-    futures::future::join_all(groups.into_iter().map(|(_, group)| call(&link, group))).await;
+    let calls = groups
+        .iter()
+        .map(|(_, group)| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
+        .collect();
+    let results = link.call_many::<Vec<Value>>(&scripts().batch, calls).await;
+    for ((_, group), result) in groups.into_iter().zip(results) {
+        answer(&link, group, result).await;
+    }
 }
 
 impl Op {
@@ -168,9 +175,12 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
     (keys, args)
 }
 
-async fn call(link: &NodeClient, mut batch: Vec<(Op, Reply)>) {
-    let (keys, args) = encode(batch.iter().map(|(op, _)| op), link.topology.publish());
-    let result = link.call::<Vec<Value>>(&scripts().batch, keys, args, true).await;
+/// Hands each operation of one call its reply.
+async fn answer(
+    link: &NodeClient,
+    mut batch: Vec<(Op, Reply)>,
+    result: Result<crate::link::Reply<Vec<Value>>, fred::error::Error>,
+) {
     match result {
         Ok(reply) if reply.value.len() == batch.len() => {
             let mut replies: Vec<Result<Vec<i64>, Error>> = batch
@@ -234,7 +244,10 @@ async fn undo_unsynced(
         return;
     }
     let (keys, args) = encode(undos.iter(), link.topology.publish());
-    if let Err(err) = link.call::<Vec<Value>>(&scripts().batch, keys, args, false).await {
+    if let Err(err) = link
+        .call_unwaited::<Vec<Value>>(&scripts().batch, keys, args)
+        .await
+    {
         // The caller's background undo (it got an error) sets these holds right once it can.
         tracing::warn!(%err, "undoing grants that replicas did not acknowledge failed");
     }

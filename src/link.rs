@@ -1,6 +1,6 @@
 //! How requests reach one node: its command client, relock's per-command options, the topology
 //! that routes them, and the dedicated connection of synced writes. Every script call relock makes
-//! goes through [`NodeClient::call`], and every bound of a request is decided here.
+//! goes through [`NodeClient::call_many`] (or `call_unwaited`), and every bound of a request is decided here.
 
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ impl SyncReplicas {
 }
 
 /// How requests reach one node: the clients, relock's per-command options, and the topology that
-/// routes them. Every script call relock makes goes through [`NodeClient::call`].
+/// routes them. Every script call relock makes goes through [`NodeClient::call_many`] (or `call_unwaited`).
 pub(crate) struct NodeClient {
     pub(crate) client: Client,
     /// The command client with relock's per-command options: every request to this node is bounded
@@ -54,38 +54,85 @@ pub(crate) struct Reply<R> {
 }
 
 impl NodeClient {
-    /// Runs `script` once on the keys' slot (see [`Script::run`]). With synced writes the call goes
-    /// on the synced connection, followed there by `WAIT` (which covers every write of the call)
-    /// unless `wait` is false.
-    pub(crate) async fn call<R: fred::types::FromValue>(
+    /// Runs `script` once per call, all at once (see [`Script::run`]; each call's keys are in one
+    /// slot). With synced writes the calls go on the synced connection, followed there by one
+    /// `WAIT` per primary they reached: a `WAIT` covers every earlier write of its connection, so a
+    /// round over many slots waits once per primary, not once per slot.
+    pub(crate) async fn call_many<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        calls: Vec<(Vec<Key>, Vec<Value>)>,
+    ) -> Vec<Result<Reply<R>, fred::error::Error>> {
+        let Some((sync, replicas)) = &self.sync else {
+            let runs = calls.into_iter().map(|(keys, args)| async move {
+                let value = script.run(&self.cmd, keys, args).await?;
+                Ok(Reply { value, acked: None })
+            });
+            return futures::future::join_all(runs).await;
+        };
+        // Which WAIT covers each call: one per primary (one in all off a cluster).
+        let mut waits: Vec<(String, u16)> = Vec::new();
+        let mut wait_of = Vec::with_capacity(calls.len());
+        for (keys, _) in &calls {
+            let slot = keys.first().map_or(0, |key| {
+                self.topology.slot(&String::from_utf8_lossy(key.as_bytes()))
+            });
+            let primary = match topology::slot_owner(&self.client, slot) {
+                Some(server) => format!("{}:{}", server.host, server.port),
+                None if self.topology.kind() == topology::Kind::Cluster => format!("slot {slot}"),
+                None => String::new(),
+            };
+            let index = match waits.iter().position(|(p, _)| *p == primary) {
+                Some(index) => index,
+                None => {
+                    waits.push((primary, slot));
+                    waits.len() - 1
+                }
+            };
+            wait_of.push(index);
+        }
+        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
+        let options = self.sync_options(replicas);
+        let runs = futures::future::join_all(
+            calls
+                .into_iter()
+                .map(|(keys, args)| script.run::<R, _>(sync, keys, args)),
+        );
+        let waits = futures::future::join_all(waits.iter().map(|(_, slot)| {
+            let waiter = sync.with_options(&self.topology.route(&options, *slot));
+            async move {
+                waiter
+                    .custom::<i64, i64>(topology::wait_command(), vec![replicas.replicas as i64, wait_ms])
+                    .await
+            }
+        }));
+        // Polled in this order, so every script is written to its connection before the WAITs.
+        let (values, acks) = futures::join!(runs, waits);
+        values
+            .into_iter()
+            .zip(wait_of)
+            .map(|(value, wait)| {
+                let acked = acks[wait].clone()?;
+                Ok(Reply {
+                    value: value?,
+                    acked: Some(acked.max(0) as usize),
+                })
+            })
+            .collect()
+    }
+
+    /// Runs `script` once, without waiting for replicas: on the synced connection when writes are
+    /// synced, so that it runs after the synced calls made before it (an undo of their grants).
+    pub(crate) async fn call_unwaited<R: fred::types::FromValue>(
         &self,
         script: &Script,
         keys: Vec<Key>,
         args: Vec<Value>,
-        wait: bool,
-    ) -> Result<Reply<R>, fred::error::Error> {
-        let Some((sync, replicas)) = &self.sync else {
-            let value = script.run(&self.cmd, keys, args).await?;
-            return Ok(Reply { value, acked: None });
-        };
-        if !wait {
-            let value = script.run(sync, keys, args).await?;
-            return Ok(Reply { value, acked: None });
+    ) -> Result<R, fred::error::Error> {
+        match &self.sync {
+            Some((sync, _)) => script.run(sync, keys, args).await,
+            None => script.run(&self.cmd, keys, args).await,
         }
-        let slot = keys.first().map_or(0, |key| {
-            self.topology.slot(&String::from_utf8_lossy(key.as_bytes()))
-        });
-        let waiter = sync.with_options(&self.topology.route(&self.sync_options(replicas), slot));
-        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
-        // Polled in this order, so the script is written to the connection before the WAIT.
-        let (value, acked) = futures::join!(
-            script.run::<R, _>(sync, keys, args),
-            waiter.custom::<i64, i64>(topology::wait_command(), vec![replicas.replicas as i64, wait_ms]),
-        );
-        Ok(Reply {
-            value: value?,
-            acked: Some(acked?.max(0) as usize),
-        })
     }
 
     fn sync_options(&self, replicas: &SyncReplicas) -> Options {

@@ -424,30 +424,42 @@ impl Node {
                 .or_default()
                 .push(i);
         }
-        let calls = by_slot
+        let chunks: Vec<&[usize]> = by_slot
             .values()
             .flat_map(|group| group.chunks(RENEW_BATCH))
-            .map(|chunk| async move {
-                let keys: Vec<Key> = chunk.iter().map(|&i| Key::from(&*locks[i].0.lock)).collect();
+            .collect();
+        let calls: Vec<(Vec<Key>, Vec<Value>)> = chunks
+            .iter()
+            .map(|chunk| {
+                let keys = chunk.iter().map(|&i| Key::from(&*locks[i].0.lock)).collect();
                 let mut args = Vec::with_capacity(chunk.len() * 2);
-                for &i in chunk {
+                for &i in chunk.iter() {
                     args.push(Value::from(locks[i].1));
                     args.push(millis(locks[i].2));
                 }
-                let reply = self
-                    .bounded(self.script_synced(&scripts().renew, keys, args))
-                    .await;
-                let flags = reply.and_then(|reply: Reply<Vec<i64>>| {
-                    self.link.check_acked(reply.acked)?;
-                    if reply.value.len() != chunk.len() {
-                        return Err(unexpected("renew", &reply.value));
-                    }
-                    Ok(reply.value)
-                });
-                (chunk, flags)
+                (keys, args)
+            })
+            .collect();
+        let replies: Vec<Result<Reply<Vec<i64>>, Error>> =
+            match self.bounded(self.scripts_synced(&scripts().renew, calls)).await {
+                Ok(replies) => replies
+                    .into_iter()
+                    .map(|reply| reply.map_err(|err| self.link.redis_error(err)))
+                    .collect(),
+                Err(err) => chunks.iter().map(|_| Err(err.clone())).collect(),
+            };
+        let calls = chunks.into_iter().zip(replies).map(|(chunk, reply)| {
+            let flags = reply.and_then(|reply: Reply<Vec<i64>>| {
+                self.link.check_acked(reply.acked)?;
+                if reply.value.len() != chunk.len() {
+                    return Err(unexpected("renew", &reply.value));
+                }
+                Ok(reply.value)
             });
+            (chunk, flags)
+        });
         let mut out: Vec<Result<bool, Error>> = (0..locks.len()).map(|_| Ok(false)).collect();
-        for (chunk, flags) in futures::future::join_all(calls).await {
+        for (chunk, flags) in calls {
             match flags {
                 Ok(flags) => {
                     for (&i, flag) in chunk.iter().zip(flags) {
@@ -502,8 +514,7 @@ impl Node {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
-        let reply = self.script_synced_or_not(script, keys, args, false).await?;
-        Ok(reply.value)
+        self.script_unsynced(script, keys, args).await
     }
 
     /// [`script`](Node::script) as a write that replicas confirm, when writes are synced.
@@ -513,27 +524,55 @@ impl Node {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<Reply<R>, fred::error::Error> {
-        self.script_synced_or_not(script, keys, args, true).await
+        let mut replies = self.scripts_synced(script, vec![(keys, args)]).await?;
+        replies.pop().unwrap_or_else(|| {
+            Err(fred::error::Error::new(
+                fred::error::ErrorKind::Unknown,
+                "no reply",
+            ))
+        })
     }
 
-    async fn script_synced_or_not<R: fred::types::FromValue>(
+    /// Several calls of a script at once as writes that replicas confirm (see
+    /// [`NodeClient::call_many`]), each made again while it did not run (see
+    /// [`run_batched`](Node::run_batched)); the caller bounds them. One reply per call.
+    async fn scripts_synced<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        calls: Vec<(Vec<Key>, Vec<Value>)>,
+    ) -> Result<Vec<Result<Reply<R>, fred::error::Error>>, fred::error::Error> {
+        let mut out: Vec<Option<Result<Reply<R>, fred::error::Error>>> = calls.iter().map(|_| None).collect();
+        let mut pending: Vec<usize> = (0..calls.len()).collect();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let batch = pending.iter().map(|&i| calls[i].clone()).collect();
+            let replies = self.link.call_many(script, batch).await;
+            let mut again = Vec::new();
+            for (i, reply) in pending.into_iter().zip(replies) {
+                match reply {
+                    Err(err) if not_run(&err) => again.push(i),
+                    other => out[i] = Some(other),
+                }
+            }
+            if again.is_empty() {
+                return Ok(out.into_iter().flatten().collect());
+            }
+            pending = again;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs a script directly without replica confirmation, again while it did not run.
+    async fn script_unsynced<R: fred::types::FromValue>(
         &self,
         script: &Script,
         keys: Vec<Key>,
         args: Vec<Value>,
-        synced: bool,
-    ) -> Result<Reply<R>, fred::error::Error> {
+    ) -> Result<R, fred::error::Error> {
         let mut pause = Duration::from_millis(2);
         loop {
-            let reply = if synced {
-                self.link.call(script, keys.clone(), args.clone(), true).await
-            } else {
-                script
-                    .run(&self.link.cmd, keys.clone(), args.clone())
-                    .await
-                    .map(|value| Reply { value, acked: None })
-            };
-            match reply {
+            match script.run(&self.link.cmd, keys.clone(), args.clone()).await {
                 Err(err) if not_run(&err) => {
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_millis(50));

@@ -291,6 +291,21 @@ impl Nemesis {
                 blocking_restart(cluster, old).await;
                 let port = cluster.servers[new].port().to_string();
                 cluster.servers[old].cmd(&["REPLICAOF", "127.0.0.1", &port]);
+                if cluster.topology == Topology::Synced {
+                    // With one replica, nothing can be granted until it has synced again (the
+                    // price of `sync_replicas`): let it, so that the next fault, a crashed holder
+                    // above all, is judged on a healed system, as after the other faults.
+                    let replica = &cluster.servers[old];
+                    tokio::task::block_in_place(|| {
+                        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+                        while !matches!(replica.try_cmd(&["INFO", "replication"]),
+                            Ok(crate::support::Reply::Str(s)) if s.contains("master_link_status:up"))
+                        {
+                            assert!(std::time::Instant::now() < deadline, "replica never synced");
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                    });
+                }
             }
         }
         true
