@@ -704,6 +704,7 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
                 key,
                 fence,
                 "1",
+                "PUBLISH",
                 "a",
                 "bench-owner",
                 "30000",
@@ -718,6 +719,7 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
                 "1",
                 key,
                 "1",
+                "PUBLISH",
                 "r",
                 "bench-owner",
                 "0",
@@ -750,7 +752,7 @@ async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) -> f64 
             .evalsha(
                 sha.as_str(),
                 vec!["relock:{rtt}", "relock:{rtt}:fence"],
-                vec!["1", "a", "rtt-owner", "30000", "2"],
+                vec!["1", "PUBLISH", "a", "rtt-owner", "30000", "2"],
             )
             .await
             .expect("evalsha");

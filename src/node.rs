@@ -24,6 +24,10 @@ use crate::Error;
 /// The most locks renewed by one script call: bounds the time one call blocks the server.
 pub(crate) const RENEW_BATCH: usize = 512;
 
+/// The most renewal calls of one node in flight at once (one per slot on a cluster): well under
+/// fred's command buffer (`MAX_BUFFERED`).
+const RENEW_WAVE: usize = 1024;
+
 /// What one node said to an acquisition.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Vote {
@@ -440,14 +444,21 @@ impl Node {
                 (keys, args)
             })
             .collect();
-        let replies: Vec<Result<Reply<Vec<i64>>, Error>> =
-            match self.bounded(self.scripts_synced(&scripts().renew, calls)).await {
-                Ok(replies) => replies
-                    .into_iter()
-                    .map(|reply| reply.map_err(|err| self.link.redis_error(err)))
-                    .collect(),
-                Err(err) => chunks.iter().map(|_| Err(err.clone())).collect(),
-            };
+        // In waves: fred fails at once what does not fit its command buffer, and on a cluster a
+        // round may hold thousands of slots. Each wave is bounded as one request.
+        let mut replies: Vec<Result<Reply<Vec<i64>>, Error>> = Vec::with_capacity(calls.len());
+        let mut calls = calls.into_iter().peekable();
+        while calls.peek().is_some() {
+            let wave: Vec<_> = calls.by_ref().take(RENEW_WAVE).collect();
+            let size = wave.len();
+            match self.bounded(self.scripts_synced(&scripts().renew, wave)).await {
+                Ok(wave) => replies.extend(
+                    wave.into_iter()
+                        .map(|reply| reply.map_err(|err| self.link.redis_error(err))),
+                ),
+                Err(err) => replies.extend((0..size).map(|_| Err(err.clone()))),
+            }
+        }
         let calls = chunks.into_iter().zip(replies).map(|(chunk, reply)| {
             let flags = reply.and_then(|reply: Reply<Vec<i64>>| {
                 self.link.check_acked(reply.acked)?;

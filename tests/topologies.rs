@@ -535,3 +535,34 @@ async fn multilock_quarantines_a_sentinel_group_that_failed_over() {
     guard.release().await.unwrap();
     multi.shutdown().await;
 }
+
+/// The watchdog on a cluster makes one call per slot held: 6,000 locks over more than 4,096 slots
+/// (more calls than fred buffers at once) are all kept past two leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_watchdog_keeps_locks_on_thousands_of_slots() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(2);
+    let client = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .unwrap();
+    let base = unique_name("many");
+    let mut guards = Vec::new();
+    for chunk in (0..6_000).collect::<Vec<_>>().chunks(500) {
+        let acquires = chunk.iter().map(|i| {
+            let lock = client.lock(&format!("{base}:{i}"));
+            async move { lock.acquire().await.expect("acquire") }
+        });
+        guards.extend(futures::future::join_all(acquires).await);
+    }
+    let slots: std::collections::HashSet<u16> = (0..6_000)
+        .map(|i| cluster.slot(&lock_key(&format!("{base}:{i}"))))
+        .collect();
+    assert!(slots.len() > 4096, "only {} slots", slots.len());
+    tokio::time::sleep(lease * 5 / 2).await;
+    let held = guards.iter().filter(|g| g.is_held()).count();
+    assert_eq!(held, guards.len(), "leases ran out under the watchdog");
+    drop(guards);
+    client.shutdown().await;
+}
