@@ -8,8 +8,8 @@
 //! it undoes). On a cluster a round is one call per slot (one script call touches one slot), all
 //! sent at once; the operations of one lock share a slot, so their order holds.
 //!
-//! With synced writes (`sync_replicas`), each call is followed by `WAIT` on the node's synced
-//! connection. Acquisitions that too few replicas acknowledged are undone on that connection before
+//! With synced writes (`sync_replicas`), a round's calls go on the node's synced connection,
+//! followed by one `WAIT` per primary they reached (see `NodeClient::call_many`). Acquisitions that too few replicas acknowledged are undone on that connection before
 //! their callers hear [`Error::ReplicaSync`]; releases need no acknowledgement (a replica that
 //! still has a lock only makes it safer).
 

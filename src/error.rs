@@ -54,7 +54,8 @@ pub enum Error {
     #[error("the key {0} holds a value that is not a relock lock (WRONGTYPE)")]
     WrongType(String),
     /// Fewer replicas than [`sync_replicas`](crate::LockConfig::sync_replicas) acknowledged an
-    /// acquisition within `sync_timeout`. The grant was undone: nothing is held.
+    /// acquisition within `sync_timeout`. The grant was undone at once on the primary (should that
+    /// undo fail, it is retried in the background): the caller holds nothing.
     #[error("only {acked} of the {needed} replicas asked for acknowledged the acquisition in time")]
     ReplicaSync {
         /// Replicas that acknowledged.

@@ -2,11 +2,14 @@
 //! that routes them, and the dedicated connection of synced writes. Every script call relock makes
 //! goes through [`NodeClient::call_many`] (or `call_unwaited`), and every bound of a request is decided here.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
 use fred::interfaces::ClientLike;
-use fred::types::config::Options;
+use fred::types::config::{Options, Server};
 use fred::types::{Key, Value};
 
 use crate::scripts::Script;
@@ -54,35 +57,40 @@ pub(crate) struct Reply<R> {
 }
 
 impl NodeClient {
-    /// Runs `script` once per call, all at once (see [`Script::run`]; each call's keys are in one
-    /// slot). With synced writes the calls go on the synced connection, followed there by one
-    /// `WAIT` per primary they reached: a `WAIT` covers every earlier write of its connection, so a
-    /// round over many slots waits once per primary, not once per slot.
+    /// Runs `script` once per call, all at once and sent in order (see [`Script::run`]; each call's
+    /// keys are in one slot). With synced writes the calls go on the synced connection, followed
+    /// there by one `WAIT` per primary they reached, sent after every call: a `WAIT` covers every
+    /// earlier write of its connection, so a round over many slots waits once per primary, not once
+    /// per slot. On a cluster each call and its `WAIT` are pinned to the primary the synced
+    /// client's slot map names: a call that finds its slot moved answers `MOVED`, did not run, and
+    /// is made again by the caller, so no `WAIT` vouches for a write on another server.
     pub(crate) async fn call_many<R: fred::types::FromValue>(
         &self,
         script: &Script,
         calls: Vec<(Vec<Key>, Vec<Value>)>,
     ) -> Vec<Result<Reply<R>, fred::error::Error>> {
         let Some((sync, replicas)) = &self.sync else {
-            let runs = calls.into_iter().map(|(keys, args)| async move {
-                let value = script.run(&self.cmd, keys, args).await?;
-                Ok(Reply { value, acked: None })
-            });
-            return futures::future::join_all(runs).await;
+            let runs: Vec<_> = calls
+                .into_iter()
+                .map(|(keys, args)| async move {
+                    let value = script.run(&self.cmd, keys, args).await?;
+                    Ok(Reply { value, acked: None })
+                })
+                .collect();
+            return Sent::start(runs).await.finish().await;
         };
+        let sync_client = Client::clone(sync);
         // Which WAIT covers each call: one per primary (one in all off a cluster).
-        let mut waits: Vec<(String, u16)> = Vec::new();
+        let mut waits: Vec<(Option<Server>, u16)> = Vec::new();
         let mut wait_of = Vec::with_capacity(calls.len());
         for (keys, _) in &calls {
             let slot = keys.first().map_or(0, |key| {
                 self.topology.slot(&String::from_utf8_lossy(key.as_bytes()))
             });
-            let primary = match topology::slot_owner(&self.client, slot) {
-                Some(server) => format!("{}:{}", server.host, server.port),
-                None if self.topology.kind() == topology::Kind::Cluster => format!("slot {slot}"),
-                None => String::new(),
-            };
-            let index = match waits.iter().position(|(p, _)| *p == primary) {
+            let primary = topology::slot_owner(&sync_client, slot);
+            // A slot whose owner is not known yet gets a WAIT of its own, routed by the slot.
+            let shared = primary.is_some() || self.topology.kind() != topology::Kind::Cluster;
+            let index = match waits.iter().position(|w| shared && w.0 == primary) {
                 Some(index) => index,
                 None => {
                     waits.push((primary, slot));
@@ -91,23 +99,35 @@ impl NodeClient {
             };
             wait_of.push(index);
         }
-        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
-        let options = self.sync_options(replicas);
-        let runs = futures::future::join_all(
-            calls
-                .into_iter()
-                .map(|(keys, args)| script.run::<R, _>(sync, keys, args)),
-        );
-        let waits = futures::future::join_all(waits.iter().map(|(_, slot)| {
-            let waiter = sync.with_options(&self.topology.route(&options, *slot));
-            async move {
-                waiter
-                    .custom::<i64, i64>(topology::wait_command(), vec![replicas.replicas as i64, wait_ms])
-                    .await
+        let pinned = |options: &Options, wait: usize| {
+            let (primary, slot) = &waits[wait];
+            let mut options = self.topology.route(options, *slot);
+            if primary.is_some() {
+                options.cluster_node = primary.clone();
             }
-        }));
-        // Polled in this order, so every script is written to its connection before the WAITs.
-        let (values, acks) = futures::join!(runs, waits);
+            sync_client.with_options(&options)
+        };
+        let mut runs = Vec::with_capacity(calls.len());
+        for ((keys, args), wait) in calls.into_iter().zip(wait_of.iter().copied()) {
+            let connection = pinned(&self.options, wait);
+            runs.push(async move { script.run::<R, _>(&connection, keys, args).await });
+        }
+        let runs = Sent::start(runs).await;
+        let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
+        let wait_options = self.sync_options(replicas);
+        let mut acks = Vec::with_capacity(waits.len());
+        for wait in 0..waits.len() {
+            let connection = pinned(&wait_options, wait);
+            let args = vec![replicas.replicas as i64, wait_ms];
+            acks.push(async move {
+                connection
+                    .custom::<i64, i64>(topology::wait_command(), args)
+                    .await
+            });
+        }
+        // Only now, after every call was handed to its connection.
+        let acks = Sent::start(acks).await.finish().await;
+        let values = runs.finish().await;
         values
             .into_iter()
             .zip(wait_of)
@@ -172,6 +192,39 @@ impl NodeClient {
             (Some(acked), Some(needed)) if acked < needed => Err(Error::ReplicaSync { acked, needed }),
             _ => Ok(()),
         }
+    }
+}
+
+/// Requests polled once each, in order, before any is awaited: fred hands a request to its
+/// connection on the first poll, so they are sent in this order. (`join_all` gives no such promise:
+/// over a long list it may stop a pass part way, when its children use up the task's budget.)
+struct Sent<F: Future> {
+    requests: Vec<(Pin<Box<F>>, Option<F::Output>)>,
+}
+
+impl<F: Future> Sent<F> {
+    async fn start(requests: Vec<F>) -> Sent<F> {
+        let mut out = Vec::with_capacity(requests.len());
+        for request in requests {
+            let mut request = Box::pin(request);
+            let early = match futures::poll!(request.as_mut()) {
+                Poll::Ready(output) => Some(output),
+                Poll::Pending => None,
+            };
+            out.push((request, early));
+        }
+        Sent { requests: out }
+    }
+
+    async fn finish(self) -> Vec<F::Output> {
+        let mut out = Vec::with_capacity(self.requests.len());
+        for (request, early) in self.requests {
+            out.push(match early {
+                Some(output) => output,
+                None => request.await,
+            });
+        }
+        out
     }
 }
 

@@ -61,7 +61,8 @@ pub(crate) struct Node {
     watchers: Vec<tokio::task::JoinHandle<()>>,
     /// The command client was made here (not handed in by the user), so it is ours to close.
     owned: bool,
-    /// The tasks that drive the command connections, when we started them.
+    /// The tasks that drive the connections that are ours to close: the command client's when
+    /// relock built it, and the synced connection's.
     connections: Mutex<Vec<fred::types::ConnectHandle>>,
 }
 
@@ -121,12 +122,10 @@ impl Drop for Node {
         for watcher in &self.watchers {
             watcher.abort();
         }
-        // Without this, fred's connection task would go on reconnecting to a server nobody uses.
-        if self.owned {
-            let connections = std::mem::take(&mut *self.connections.lock());
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(close(self.link.clone(), connections));
-            }
+        // Without this, fred's connection tasks would go on reconnecting to a server nobody uses.
+        let connections = std::mem::take(&mut *self.connections.lock());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(close(self.link.clone(), connections, self.owned));
         }
     }
 }
@@ -216,12 +215,10 @@ impl Node {
         }
     }
 
-    /// Closes the command connection if it is ours (see [`close`]).
+    /// Closes the connections that are ours (see [`close`]).
     pub(crate) async fn close(&self) {
-        if self.owned {
-            let connections = std::mem::take(&mut *self.connections.lock());
-            close(self.link.clone(), connections).await;
-        }
+        let connections = std::mem::take(&mut *self.connections.lock());
+        close(self.link.clone(), connections, self.owned).await;
     }
 
     /// Whether the master may vote in a quorum: it is not suspected of having restarted unseen, and
@@ -263,11 +260,15 @@ impl Node {
         };
         let work = async {
             let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
-            for client in std::iter::once(&link.client).chain(sync.as_ref()) {
+            for (client, ours) in [(Some(&link.client), self.owned), (sync.as_ref(), true)] {
+                let Some(client) = client else { continue };
                 if !client.is_connected() {
                     // A handle of a client that is already connecting is harmless to drop.
                     if client.state() == fred::types::ClientState::Disconnected {
-                        self.connections.lock().push(client.connect());
+                        let handle = client.connect();
+                        if ours {
+                            self.connections.lock().push(handle);
+                        }
                     }
                     client.wait_for_connect().await?;
                 }
@@ -493,8 +494,9 @@ impl Node {
             vec![Key::from(&*keys.fence)],
             vec![Value::from(token.to_string())],
         );
-        self.bounded_on(raise, &keys.fence).await?;
-        Ok(())
+        let reply = self.bounded_on(raise, &keys.fence).await?;
+        // A fence that no replica has would fall back in a failover: not raised, for the quorum.
+        self.link.check_acked(reply.acked)
     }
 
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
@@ -622,9 +624,12 @@ impl Node {
 /// Closes a node's command clients: `QUIT` if the servers answer soon, and in any case stops the
 /// tasks that drive the connections, which would otherwise keep reconnecting to servers that are gone
 /// (a `QUIT` to such a server would wait for the reconnection forever).
-async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandle>) {
+async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandle>, owned: bool) {
+    // The synced connection is always relock's own; the command client only when it built it.
     let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
-    let quits = std::iter::once(link.client.clone())
+    let quits = owned
+        .then(|| link.client.clone())
+        .into_iter()
         .chain(sync)
         .map(|client| async move {
             let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;

@@ -200,7 +200,8 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
     let cluster = link.topology.kind() == Kind::Cluster;
     while let Some(strong) = shared.upgrade() {
         let scan = async {
-            if cluster && !strong.channels.lock().is_empty() {
+            // Only sharded subscriptions follow their slot (plain ones live on every node).
+            if cluster && link.topology.sharded() && !strong.channels.lock().is_empty() {
                 tokio::time::sleep(CLUSTER_SCAN).await
             } else {
                 std::future::pending().await
@@ -247,7 +248,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
 /// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
 /// now, and their waiters woken (a release may have been announced where nobody listened).
 async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
-    if let Err(err) = subscriber.sync_cluster().await {
+    if let Err(err) = bounded(link, subscriber.sync_cluster()).await {
         tracing::debug!(%err, "reading the cluster's slots failed");
         return;
     }
@@ -306,14 +307,14 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
         return sync_sharded(shared, subscriber, link, subscribe, unsubscribe).await;
     }
     if !unsubscribe.is_empty() {
-        if let Err(err) = subscriber.unsubscribe(unsubscribe).await {
+        if let Err(err) = bounded(link, subscriber.unsubscribe(unsubscribe)).await {
             tracing::debug!(%err, "UNSUBSCRIBE failed");
         }
     }
     if subscribe.is_empty() {
         return;
     }
-    let result = subscriber.subscribe(subscribe.clone()).await;
+    let result = bounded(link, subscriber.subscribe(subscribe.clone())).await;
     let mut channels = shared.channels.lock();
     for channel in &subscribe {
         if let Some(entry) = channels.get_mut(channel.as_str()) {
@@ -340,14 +341,14 @@ async fn sync_sharded(
     unsubscribe: Vec<String>,
 ) {
     for group in by_slot(link, unsubscribe) {
-        if let Err(err) = subscriber.sunsubscribe(group).await {
+        if let Err(err) = bounded(link, subscriber.sunsubscribe(group)).await {
             tracing::debug!(%err, "SUNSUBSCRIBE failed");
         }
     }
     for group in by_slot(link, subscribe) {
         let slot = link.topology.slot(&group[0]);
         let owner = crate::topology::slot_owner(subscriber, slot);
-        let result = subscriber.ssubscribe(group.clone()).await;
+        let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
         if let Err(err) = &result {
             tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
         }
@@ -377,4 +378,21 @@ fn by_slot(link: &NodeClient, channels: Vec<String>) -> Vec<Vec<String>> {
             .push(channel);
     }
     groups.into_values().collect()
+}
+
+/// A request of the subscriber task, bounded like every other (the subscriber client has no
+/// per-command timeout of its own): a server that went away must not hold the task, which could
+/// then no longer see that it is not needed any more. A subscription that timed out may still land
+/// later; the next sync sends it again, which is harmless.
+async fn bounded(
+    link: &NodeClient,
+    request: impl std::future::Future<Output = Result<(), fred::error::Error>>,
+) -> Result<(), fred::error::Error> {
+    match tokio::time::timeout(link.bound(), request).await {
+        Ok(outcome) => outcome,
+        Err(_) => Err(fred::error::Error::new(
+            fred::error::ErrorKind::Timeout,
+            "the subscriber's request was not answered in time",
+        )),
+    }
 }

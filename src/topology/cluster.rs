@@ -1,8 +1,9 @@
 //! A Redis Cluster (`redis-cluster://host:port?node=host2:port2`). fred routes each request to the
-//! primary of its slot and follows `MOVED`/`ASK` during resharding (relock's scripts are idempotent,
-//! so a redirected resend is harmless; a reply lost with its connection is never resent, since
-//! relock sends each request once). Every script call touches one slot: batches and renewals are
-//! grouped by slot. Scripts are loaded on every primary, and again where one answers `NOSCRIPT`.
+//! primary of its slot. `MOVED`/`ASK` during resharding come back to relock as errors (fred is
+//! allowed no redirections, see `scripts::is_redirect`): such a request did not run, and relock
+//! makes it again where fred's refreshed slot map says; a reply lost with its connection is never
+//! resent, since fred makes each request once. Every script call touches one slot: batches and
+//! renewals are grouped by slot. Scripts are loaded on every primary, and again where one answers `NOSCRIPT`.
 //! Release messages use sharded pub/sub on Redis ≥ 7 (see `waiters.rs`).
 
 use fred::clients::{Client, WithOptions};

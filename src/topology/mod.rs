@@ -198,7 +198,7 @@ pub(crate) fn slot_owner(client: &Client, slot: u16) -> Option<fred::types::conf
 /// `WAIT n timeout`, routed where the writes of `slot` went: how many replicas acknowledged every
 /// earlier write of the connection.
 pub(crate) fn wait_command() -> fred::types::CustomCommand {
-    // Blocking: fred writes nothing after it on the connection until it is answered.
+    // Blocking, as fred's own WAIT: the server answers nothing else on the connection meanwhile.
     fred::types::CustomCommand::new_static("WAIT", ClusterHash::Random, true)
 }
 
