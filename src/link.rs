@@ -199,8 +199,11 @@ impl NodeClient {
 /// connection on the first poll, so they are sent in this order. (`join_all` gives no such promise:
 /// over a long list it may stop a pass part way, when its children use up the task's budget.)
 struct Sent<F: Future> {
-    requests: Vec<(Pin<Box<F>>, Option<F::Output>)>,
+    requests: Vec<Started<F>>,
 }
+
+/// A request polled once, with its output if that poll finished it.
+type Started<F> = (Pin<Box<F>>, Option<<F as Future>::Output>);
 
 impl<F: Future> Sent<F> {
     async fn start(requests: Vec<F>) -> Sent<F> {
