@@ -468,14 +468,7 @@ async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>, 
     let client = LockClient::connect_with(&server.url(), config).await.unwrap();
     let base = support::unique_name("w");
     let rss_before = rss_bytes();
-    let mut guards = Vec::with_capacity(LOCKS);
-    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(500) {
-        let acquires = chunk.iter().map(|i| {
-            let lock = client.lock(&format!("{base}:{i}"));
-            async move { lock.acquire().await.unwrap() }
-        });
-        guards.extend(futures::future::join_all(acquires).await);
-    }
+    let guards = support::acquire_many(&client, &base, LOCKS).await;
     let rss_held = rss_bytes();
     // Skip to a round boundary, then watch whole rounds.
     tokio::time::sleep(interval + Duration::from_millis(200)).await;
@@ -555,15 +548,8 @@ async fn cluster_rows(mode: &Mode, rows: &mut Vec<Row>, rounds: &RoundLog) {
         .renew_interval(interval);
     let client = LockClient::connect_with(&url, config).await.unwrap();
     let base = support::unique_name("cw");
-    let mut guards = Vec::with_capacity(LOCKS);
     let mut slots = std::collections::HashSet::new();
-    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(500) {
-        let acquires = chunk.iter().map(|i| {
-            let lock = client.lock(&format!("{base}:{i}"));
-            async move { lock.acquire().await.unwrap() }
-        });
-        guards.extend(futures::future::join_all(acquires).await);
-    }
+    let guards = support::acquire_many(&client, &base, LOCKS).await;
     for i in 0..LOCKS {
         slots.insert(cluster.slot(&format!("relock:{{{base}:{i}}}")));
     }
@@ -602,14 +588,7 @@ async fn waiters_scale(server: &RedisServer, rows: &mut Vec<Row>) {
     const LOCKS: usize = 10_000;
     let holder = LockClient::connect(&server.url()).await.unwrap();
     let base = support::unique_name("wt");
-    let mut guards = Vec::with_capacity(LOCKS);
-    for chunk in (0..LOCKS).collect::<Vec<_>>().chunks(500) {
-        let acquires = chunk.iter().map(|i| {
-            let lock = holder.lock(&format!("{base}:{i}"));
-            async move { lock.acquire().await.unwrap() }
-        });
-        guards.extend(futures::future::join_all(acquires).await);
-    }
+    let guards = support::acquire_many(&holder, &base, LOCKS).await;
     let connections_before = client_connections(server);
     let rss_before = rss_bytes();
     let waiter = LockClient::connect(&server.url()).await.unwrap();

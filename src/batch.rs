@@ -105,20 +105,13 @@ async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>
 
 /// One round: the batch split by slot, one call per slot, all at once (in queue order).
 async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
-    let mut groups: Vec<(u16, Vec<(Op, Reply)>)> = Vec::new();
-    for (op, reply) in batch {
-        let slot = link.topology.slot(op.lock());
-        match groups.iter_mut().find(|(s, _)| *s == slot) {
-            Some((_, group)) => group.push((op, reply)),
-            None => groups.push((slot, vec![(op, reply)])),
-        }
-    }
+    let groups = link.topology.by_slot(batch, |(op, _)| op.lock());
     let calls = groups
         .iter()
-        .map(|(_, group)| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
+        .map(|group| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
         .collect();
     let results = link.call_many::<Vec<Value>>(&scripts().batch, calls).await;
-    for ((_, group), result) in groups.into_iter().zip(results) {
+    for (group, result) in groups.into_iter().zip(results) {
         answer(&link, group, result).await;
     }
 }

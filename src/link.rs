@@ -231,10 +231,24 @@ impl<F: Future> Sent<F> {
     }
 }
 
-/// Closes a client of its own (a subscriber): `QUIT` if the server answers soon, and in any case
-/// stops the task that drives the connection, which would otherwise keep reconnecting to a server
-/// that is gone.
-pub(crate) async fn close_client(client: Client, connection: fred::types::ConnectHandle) {
+/// `QUIT`, if the server answers soon. A client relock closes also has the task that drives its
+/// connection aborted after this: it would otherwise keep reconnecting to a server that is gone (and
+/// a `QUIT` to such a server would wait for the reconnection forever).
+pub(crate) async fn quit(client: &Client) {
     let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
-    connection.abort();
+}
+
+/// The pause between tries of a request that did not run (`NOSCRIPT`, `MOVED`, `ASK`): a slot being
+/// migrated answers `ASK` until it is done, so the tries must not spin. 2 ms, doubling to 50 ms.
+pub(crate) struct RetryPause(Duration);
+
+impl RetryPause {
+    pub(crate) fn new() -> RetryPause {
+        RetryPause(Duration::from_millis(2))
+    }
+
+    pub(crate) async fn wait(&mut self) {
+        tokio::time::sleep(self.0).await;
+        self.0 = (self.0 * 2).min(Duration::from_millis(50));
+    }
 }

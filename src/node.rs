@@ -15,7 +15,7 @@ use fred::types::{Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::keys::LockKeys;
-use crate::link::{NodeClient, Reply, SyncReplicas};
+use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
 use crate::scripts::{not_run, scripts, Script};
 use crate::topology::{self, ServerInfo, Topology};
 use crate::waiters::Waiters;
@@ -395,14 +395,10 @@ impl Node {
     /// operation on the same hold). Within the same bound as the first try.
     async fn run_batched(&self, op: impl Fn() -> Op) -> Result<Vec<i64>, Error> {
         let run = async {
-            let mut pause = Duration::from_millis(2);
+            let mut pause = RetryPause::new();
             loop {
                 match self.batcher.run(op()).await {
-                    Err(Error::Redis(err)) if not_run(&err) => {
-                        // A slot being migrated answers ASK until it is done: do not spin on it.
-                        tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(Duration::from_millis(50));
-                    }
+                    Err(Error::Redis(err)) if not_run(&err) => pause.wait().await,
                     other => return other,
                 }
             }
@@ -422,15 +418,15 @@ impl Node {
     /// [`RENEW_BATCH`] holds), all sent at once. With synced writes, a call that too few replicas
     /// acknowledged fails for its holds: a failed renewal, not a loss.
     pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str, Duration)]) -> Vec<Result<bool, Error>> {
-        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
-        for (i, (keys, _, _)) in locks.iter().enumerate() {
-            by_slot
-                .entry(self.link.topology.slot(&keys.lock))
-                .or_default()
-                .push(i);
-        }
+        let by_slot: Vec<Vec<usize>> = self
+            .link
+            .topology
+            .by_slot(locks.iter().enumerate(), |(_, lock)| &lock.0.lock)
+            .into_iter()
+            .map(|group| group.into_iter().map(|(i, _)| i).collect())
+            .collect();
         let chunks: Vec<&[usize]> = by_slot
-            .values()
+            .iter()
             .flat_map(|group| group.chunks(RENEW_BATCH))
             .collect();
         let calls: Vec<(Vec<Key>, Vec<Value>)> = chunks
@@ -527,7 +523,13 @@ impl Node {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
-        self.script_unsynced(script, keys, args).await
+        let mut pause = RetryPause::new();
+        loop {
+            match script.run(&self.link.cmd, keys.clone(), args.clone()).await {
+                Err(err) if not_run(&err) => pause.wait().await,
+                other => return other,
+            }
+        }
     }
 
     /// [`script`](Node::script) as a write that replicas confirm, when writes are synced.
@@ -556,7 +558,7 @@ impl Node {
     ) -> Result<Vec<Result<Reply<R>, fred::error::Error>>, fred::error::Error> {
         let mut out: Vec<Option<Result<Reply<R>, fred::error::Error>>> = calls.iter().map(|_| None).collect();
         let mut pending: Vec<usize> = (0..calls.len()).collect();
-        let mut pause = Duration::from_millis(2);
+        let mut pause = RetryPause::new();
         loop {
             let batch = pending.iter().map(|&i| calls[i].clone()).collect();
             let replies = self.link.call_many(script, batch).await;
@@ -571,27 +573,7 @@ impl Node {
                 return Ok(out.into_iter().flatten().collect());
             }
             pending = again;
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(50));
-        }
-    }
-
-    /// Runs a script directly without replica confirmation, again while it did not run.
-    async fn script_unsynced<R: fred::types::FromValue>(
-        &self,
-        script: &Script,
-        keys: Vec<Key>,
-        args: Vec<Value>,
-    ) -> Result<R, fred::error::Error> {
-        let mut pause = Duration::from_millis(2);
-        loop {
-            match script.run(&self.link.cmd, keys.clone(), args.clone()).await {
-                Err(err) if not_run(&err) => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                other => return other,
-            }
+            pause.wait().await;
         }
     }
 
@@ -627,14 +609,12 @@ impl Node {
 async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandle>, owned: bool) {
     // The synced connection is always relock's own; the command client only when it built it.
     let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
-    let quits = owned
+    let clients: Vec<Client> = owned
         .then(|| link.client.clone())
         .into_iter()
         .chain(sync)
-        .map(|client| async move {
-            let _ = tokio::time::timeout(Duration::from_millis(500), client.quit()).await;
-        });
-    futures::future::join_all(quits).await;
+        .collect();
+    futures::future::join_all(clients.iter().map(crate::link::quit)).await;
     for connection in connections {
         connection.abort();
     }

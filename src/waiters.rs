@@ -242,7 +242,8 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
             }
         }
     }
-    crate::link::close_client(subscriber, connection).await;
+    crate::link::quit(&subscriber).await;
+    connection.abort();
 }
 
 /// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
@@ -315,17 +316,8 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
         return;
     }
     let result = bounded(link, subscriber.subscribe(subscribe.clone())).await;
-    let mut channels = shared.channels.lock();
-    for channel in &subscribe {
-        if let Some(entry) = channels.get_mut(channel.as_str()) {
-            match &result {
-                Ok(()) => entry.confirmed = true,
-                // Waiters fall back to the holder's TTL; the next reconnect subscribes again.
-                Err(_) => entry.sent = false,
-            }
-            entry.notify.notify_waiters();
-        }
-    }
+    // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
+    settle(shared, &subscribe, &result, None);
     if let Err(err) = result {
         tracing::warn!(%err, "SUBSCRIBE failed; waiters fall back to the lease's TTL");
     }
@@ -340,44 +332,43 @@ async fn sync_sharded(
     subscribe: Vec<String>,
     unsubscribe: Vec<String>,
 ) {
-    for group in by_slot(link, unsubscribe) {
+    for group in link.topology.by_slot(unsubscribe, |c| c) {
         if let Err(err) = bounded(link, subscriber.sunsubscribe(group)).await {
             tracing::debug!(%err, "SUNSUBSCRIBE failed");
         }
     }
-    for group in by_slot(link, subscribe) {
+    for group in link.topology.by_slot(subscribe, |c| c) {
         let slot = link.topology.slot(&group[0]);
         let owner = crate::topology::slot_owner(subscriber, slot);
         let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
         if let Err(err) = &result {
             tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
         }
-        let mut channels = shared.channels.lock();
-        for channel in &group {
-            if let Some(entry) = channels.get_mut(channel.as_str()) {
-                match &result {
-                    Ok(()) => {
-                        entry.confirmed = true;
-                        entry.owner = owner.clone();
-                    }
-                    Err(_) => entry.sent = false,
-                }
-                entry.notify.notify_waiters();
-            }
-        }
+        settle(shared, &group, &result, owner);
     }
 }
 
-/// Channels grouped by slot.
-fn by_slot(link: &NodeClient, channels: Vec<String>) -> Vec<Vec<String>> {
-    let mut groups: HashMap<u16, Vec<String>> = HashMap::new();
+/// Records the outcome of a subscription of `channels` (confirmed on `owner`, or not sent after
+/// all) and wakes their waiters, who must try again: a release may have come before it.
+fn settle(
+    shared: &Shared,
+    channels: &[String],
+    result: &Result<(), fred::error::Error>,
+    owner: Option<Server>,
+) {
+    let mut entries = shared.channels.lock();
     for channel in channels {
-        groups
-            .entry(link.topology.slot(&channel))
-            .or_default()
-            .push(channel);
+        if let Some(entry) = entries.get_mut(channel.as_str()) {
+            match result {
+                Ok(()) => {
+                    entry.confirmed = true;
+                    entry.owner = owner.clone();
+                }
+                Err(_) => entry.sent = false,
+            }
+            entry.notify.notify_waiters();
+        }
     }
-    groups.into_values().collect()
 }
 
 /// A request of the subscriber task, bounded like every other (the subscriber client has no

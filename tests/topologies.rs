@@ -11,6 +11,13 @@ use support::topologies::{RedisCluster, Replicated, SentinelGroup};
 use support::{lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
+/// A cluster of `primaries` primaries with `replicas` replicas each, started off the runtime.
+async fn start_cluster(primaries: usize, replicas: usize) -> RedisCluster {
+    tokio::task::spawn_blocking(move || RedisCluster::start(primaries, replicas))
+        .await
+        .expect("cluster")
+}
+
 fn config(lease: Duration) -> LockConfig {
     LockConfig::default()
         .watchdog_timeout(lease)
@@ -21,9 +28,7 @@ fn config(lease: Duration) -> LockConfig {
 /// excluded from each, the watchdog keeps them past two leases, and the releases leave nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-        .await
-        .unwrap();
+    let cluster = start_cluster(3, 0).await;
     let lease = Duration::from_secs(1);
     let a = LockClient::connect_with(&cluster.url(), config(lease))
         .await
@@ -87,9 +92,7 @@ async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
 /// A waiter on a cluster is woken by the holder's release (sharded pub/sub), not by its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_waiter_is_woken_by_the_release() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-        .await
-        .unwrap();
+    let cluster = start_cluster(3, 0).await;
     let a = LockClient::connect_with(&cluster.url(), config(Duration::from_secs(30)))
         .await
         .unwrap();
@@ -128,9 +131,7 @@ async fn cluster_waiter_is_woken_by_the_release() {
 /// slot), and nothing is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-        .await
-        .unwrap();
+    let cluster = start_cluster(3, 0).await;
     let lease = Duration::from_secs(4);
     let a = LockClient::connect_with(&cluster.url(), config(lease))
         .await
@@ -208,9 +209,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
 /// its replica (renewals that no replica confirms fail, without ending the hold before its lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_failover_with_synced_replicas_keeps_the_lock() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 1))
-        .await
-        .unwrap();
+    let cluster = start_cluster(3, 1).await;
     let lease = Duration::from_secs(10);
     let synced = |lease| {
         config(lease)
@@ -540,22 +539,13 @@ async fn multilock_quarantines_a_sentinel_group_that_failed_over() {
 /// (more calls than fred buffers at once) are all kept past two leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_watchdog_keeps_locks_on_thousands_of_slots() {
-    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
-        .await
-        .unwrap();
+    let cluster = start_cluster(3, 0).await;
     let lease = Duration::from_secs(2);
     let client = LockClient::connect_with(&cluster.url(), config(lease))
         .await
         .unwrap();
     let base = unique_name("many");
-    let mut guards = Vec::new();
-    for chunk in (0..6_000).collect::<Vec<_>>().chunks(500) {
-        let acquires = chunk.iter().map(|i| {
-            let lock = client.lock(&format!("{base}:{i}"));
-            async move { lock.acquire().await.expect("acquire") }
-        });
-        guards.extend(futures::future::join_all(acquires).await);
-    }
+    let guards = support::acquire_many(&client, &base, 6_000).await;
     let slots: std::collections::HashSet<u16> = (0..6_000)
         .map(|i| cluster.slot(&lock_key(&format!("{base}:{i}"))))
         .collect();

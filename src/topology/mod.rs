@@ -136,6 +136,27 @@ impl Topology {
         }
     }
 
+    /// `items` grouped by the slot of their key, groups in the order their first item came and
+    /// items in their order: one group in all off a cluster. Script calls, renewals and sharded
+    /// subscriptions are made per group, since one call touches one slot.
+    pub(crate) fn by_slot<T>(
+        &self,
+        items: impl IntoIterator<Item = T>,
+        key: impl Fn(&T) -> &str,
+    ) -> Vec<Vec<T>> {
+        let mut index: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
+        let mut groups: Vec<Vec<T>> = Vec::new();
+        for item in items {
+            let slot = self.slot(key(&item));
+            let at = *index.entry(slot).or_insert_with(|| {
+                groups.push(Vec::new());
+                groups.len() - 1
+            });
+            groups[at].push(item);
+        }
+        groups
+    }
+
     /// Options that send a keyless command (`WAIT`, `SCRIPT LOAD`) where the keys of `slot` live.
     pub(crate) fn route(&self, options: &Options, slot: u16) -> Options {
         let mut options = options.clone();

@@ -223,11 +223,7 @@ impl Cluster {
 
     /// Keys on the lock servers other than fence counters.
     pub fn keys_left(&self) -> Vec<String> {
-        self.lock_servers()
-            .iter()
-            .flat_map(|server| server.keys("*"))
-            .filter(|key| !key.ends_with(":fence"))
-            .collect()
+        crate::support::keys_besides_fences(&self.lock_servers(), "*")
     }
 }
 

@@ -425,6 +425,28 @@ pub fn unique_name(prefix: &str) -> String {
     )
 }
 
+/// Acquires the locks `{base}:0` .. `{base}:{n-1}` of `client`, 500 at a time.
+pub async fn acquire_many(client: &relock::LockClient, base: &str, n: usize) -> Vec<relock::LockGuard> {
+    let mut guards = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(500) {
+        let acquires = chunk.iter().map(|i| {
+            let lock = client.lock(&format!("{base}:{i}"));
+            async move { lock.acquire().await.expect("acquire") }
+        });
+        guards.extend(futures::future::join_all(acquires).await);
+    }
+    guards
+}
+
+/// The keys matching `pattern` on `servers`, fence counters left out (they outlive every lock).
+pub fn keys_besides_fences(servers: &[&RedisServer], pattern: &str) -> Vec<String> {
+    servers
+        .iter()
+        .flat_map(|server| server.keys(pattern))
+        .filter(|key| !key.ends_with(":fence"))
+        .collect()
+}
+
 /// A plain fred client, for reads and writes that do not go through relock.
 pub async fn fred_client(url: &str) -> fred::clients::Client {
     use fred::interfaces::ClientLike;

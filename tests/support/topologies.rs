@@ -236,11 +236,7 @@ impl RedisCluster {
 
     /// The cluster's lock keys (of the default prefix), over every live primary.
     pub fn lock_keys(&self) -> Vec<String> {
-        self.primaries()
-            .iter()
-            .flat_map(|n| n.keys("relock:*"))
-            .filter(|k| !k.ends_with(":fence"))
-            .collect()
+        super::keys_besides_fences(&self.primaries(), "relock:*")
     }
 }
 
