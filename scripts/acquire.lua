@@ -1,7 +1,7 @@
 -- Take or re-enter a lock (a function of the batch script, see batch.lua).
 -- lock: the lock hash (field: the hold's owner and generation, `owner:generation`, value: hold count);
 -- fence: the fence counter; owner: that field; lease: lease in ms; target: the hold count after this
--- acquisition. An ended generation of the same owner (a hold lost, a release still on its way) is
+-- acquisition; in_step: the server is one master of a quorum (see the token below). An ended generation of the same owner (a hold lost, a release still on its way) is
 -- replaced; a late request for it then finds nothing and changes nothing.
 --
 -- The count is *set* to target, never incremented, so a call that runs twice (a resend after a dropped
@@ -11,7 +11,7 @@
 -- Returns {1, previous count of this owner (0 if none), token} when granted,
 --         {0, remaining ttl in ms} when another owner holds the lock.
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: both are read first.
-local function acquire(lock, fence, owner, lease, target)
+local function acquire(lock, fence, owner, lease, target, in_step)
   local prev = redis.call('HGET', lock, owner)
   local ended = {}
   if not prev then
@@ -27,7 +27,8 @@ local function acquire(lock, fence, owner, lease, target)
       end
     end
   end
-  local counter = tonumber(redis.call('GET', fence) or '0')
+  local stored = redis.call('GET', fence)
+  local counter = tonumber(stored or '0')
 
   if #ended > 0 then
     redis.call('HDEL', lock, unpack(ended))
@@ -42,8 +43,19 @@ local function acquire(lock, fence, owner, lease, target)
     -- without persistence, or a replica promoted before it received them (asynchronous replication).
     -- It holds as long as this server's clock is not behind the one that drew the last token (the
     -- old primary's, after a failover) by more than the time since.
+    --
+    -- A master of a quorum (in_step) keeps its counter in step with the others instead: its floor
+    -- is the start of the current second, not the microsecond, unless its counter is missing (a
+    -- restart without persistence: that floor would not cover tokens drawn earlier in the same
+    -- second). Masters in step draw the same token, so the client need not write it back (see
+    -- quorum.rs); at each new second they all meet at the same floor again. A counter that lost
+    -- increments while present (a promoted replica) is covered from the next second on; within
+    -- the same second, the quorum's restart quarantine keeps such a master out.
     local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local now = tonumber(t[1]) * 1000000
+    if not (in_step and stored) then
+      now = now + tonumber(t[2])
+    end
     token = math.max(counter + 1, now)
     redis.call('SET', fence, string.format('%.0f', token))
   else

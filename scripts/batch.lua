@@ -5,6 +5,7 @@
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
 -- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
 --   'a', owner, lease ms, target   with KEYS lock, fence     (see acquire.lua)
+--   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
 --   'r', owner, target, channel    with KEYS lock            (see release.lua)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
@@ -17,8 +18,9 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
-  if ARGV[a] == 'a' then
-    ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]))
+  local op = ARGV[a]
+  if op == 'a' or op == 'q' then
+    ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), op == 'q')
     k = k + 2
   else
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)

@@ -40,6 +40,8 @@ pub(crate) enum Op {
         owner: Arc<str>,
         lease_ms: i64,
         target: i64,
+        /// A master of a quorum: its fence counter kept in step (see `scripts/acquire.lua`).
+        in_step: bool,
     },
     Release {
         lock: Arc<str>,
@@ -51,9 +53,47 @@ pub(crate) enum Op {
 
 type Reply = oneshot::Sender<Result<Vec<i64>, Error>>;
 
-/// The sending side of a node's batcher.
+/// A node's batcher: the operations' way to Redis.
+///
+/// An operation that finds fewer than [`MAX_IN_FLIGHT`] rounds in flight and nothing queued runs
+/// as a round of one in the caller's own task (no hop to another task and back: the common case
+/// under light load). Otherwise it queues for the batcher task, which sends what queued as one
+/// round as soon as a round slot is free.
 pub(crate) struct Batcher {
     tx: mpsc::UnboundedSender<(Op, Reply)>,
+    link: Arc<NodeClient>,
+    load: Arc<Load>,
+}
+
+/// Rounds in flight (direct ones and the task's) and operations queued, shared by the callers and
+/// the batcher task.
+#[derive(Default)]
+struct Load {
+    counts: parking_lot::Mutex<Counts>,
+    /// A direct round ended: the task may send what queued meanwhile.
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct Counts {
+    in_flight: usize,
+    queued: usize,
+}
+
+/// A round slot taken by a direct round, given back when the round ends or is dropped.
+struct Slot<'a>(&'a Load);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let queued = {
+            let mut counts = self.0.counts.lock();
+            counts.in_flight -= 1;
+            counts.queued
+        };
+        if queued > 0 {
+            self.0.freed.notify_one();
+        }
+    }
 }
 
 impl Batcher {
@@ -61,19 +101,38 @@ impl Batcher {
     /// flight are answered.
     pub(crate) fn start(link: Arc<NodeClient>) -> Batcher {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(link, rx));
-        Batcher { tx }
+        let load = Arc::new(Load::default());
+        tokio::spawn(run(link.clone(), rx, load.clone()));
+        Batcher { tx, link, load }
     }
 
     /// Runs one operation; its reply as integers, or the error of that operation or of the call.
     pub(crate) async fn run(&self, op: Op) -> Result<Vec<i64>, Error> {
         let (reply, rx) = oneshot::channel();
-        self.tx.send((op, reply)).map_err(|_| Error::Shutdown)?;
+        let direct = {
+            let mut counts = self.load.counts.lock();
+            let direct = counts.in_flight < MAX_IN_FLIGHT && counts.queued == 0;
+            if direct {
+                counts.in_flight += 1;
+            } else {
+                counts.queued += 1;
+            }
+            direct
+        };
+        if direct {
+            let _slot = Slot(&self.load);
+            // Its first poll, in this same poll of the caller, hands the call to the connection:
+            // it is ordered after every operation sent before it, as a queued one would be.
+            round(self.link.clone(), vec![(op, reply)]).await;
+        } else if self.tx.send((op, reply)).is_err() {
+            self.load.counts.lock().queued -= 1;
+            return Err(Error::Shutdown);
+        }
         rx.await.unwrap_or(Err(Error::Shutdown))
     }
 }
 
-async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>) {
+async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>, load: Arc<Load>) {
     let mut in_flight = FuturesUnordered::new();
     let mut queue: VecDeque<(Op, Reply)> = VecDeque::new();
     let mut open = true;
@@ -83,21 +142,37 @@ async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>
                 Some(op) => queue.push_back(op),
                 None => open = false,
             },
-            Some(()) = in_flight.next(), if !in_flight.is_empty() => {}
+            Some(()) = in_flight.next(), if !in_flight.is_empty() => {
+                load.counts.lock().in_flight -= 1;
+            }
+            () = load.freed.notified(), if !queue.is_empty() => {}
         }
         while let Ok(op) = rx.try_recv() {
             queue.push_back(op);
         }
         // An operation whose caller is gone (its wait ran out) is not sent: nobody would learn its
         // outcome, and every caller undoes what it may have left.
+        let before = queue.len();
         queue.retain(|(_, reply)| !reply.is_closed());
-        while in_flight.len() < MAX_IN_FLIGHT && !queue.is_empty() {
-            let batch: Vec<_> = queue.drain(..queue.len().min(MAX_BATCH)).collect();
+        load.counts.lock().queued -= before - queue.len();
+        loop {
+            let batch: Vec<_> = {
+                let mut counts = load.counts.lock();
+                if counts.in_flight >= MAX_IN_FLIGHT || queue.is_empty() {
+                    break;
+                }
+                let batch: Vec<_> = queue.drain(..queue.len().min(MAX_BATCH)).collect();
+                counts.in_flight += 1;
+                counts.queued -= batch.len();
+                batch
+            };
             let mut call = Box::pin(round(link.clone(), batch));
             // Polled once here, in queue order: that hands the command to the connection, so
             // batches reach the server in the order their operations were queued.
             if futures::poll!(call.as_mut()).is_pending() {
                 in_flight.push(call);
+            } else {
+                load.counts.lock().in_flight -= 1;
             }
         }
     }
@@ -138,12 +213,13 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 owner,
                 lease_ms,
                 target,
+                in_step,
                 ..
             } => {
                 keys.push(Key::from(&**lock));
                 keys.push(Key::from(&**fence));
                 args.extend([
-                    Value::from("a"),
+                    Value::from(if *in_step { "q" } else { "a" }),
                     Value::from(&**owner),
                     Value::from(*lease_ms),
                     Value::from(*target),

@@ -277,18 +277,20 @@ impl Core {
     }
 }
 
-/// Undoes an attempt dropped mid-round (or whose outcome is unknown), in the background.
-struct UndoOnDrop<'a> {
-    core: &'a Arc<Core>,
-    resync: Option<Resync>,
+/// Brings a hold generation in line on every master, in the background, unless disarmed
+/// (`resync` taken): for an operation dropped part way, or whose outcome is unknown.
+pub(crate) struct UndoOnDrop<'a> {
+    pub(crate) core: &'a Arc<Core>,
+    pub(crate) resync: Option<Resync>,
 }
 
 impl Drop for UndoOnDrop<'_> {
     fn drop(&mut self) {
         if let Some(resync) = self.resync.take() {
             let name = resync.keys.name.clone();
-            if !self.core.enqueue(Job::Resync(resync)) {
-                tracing::warn!(lock = %name, "runtime gone: an interrupted grant will expire with its lease");
+            let on = (0..self.core.masters.nodes.len()).collect();
+            if !self.core.enqueue(Job::Resync { resync, on }) {
+                tracing::warn!(lock = %name, "runtime gone: an interrupted operation will expire with its lease");
             }
         }
     }

@@ -4,11 +4,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::core::Core;
-use crate::hold::{Grant, Hold, Job};
+use crate::core::{Core, UndoOnDrop};
+use crate::hold::{Grant, Hold, Job, Resync};
+use crate::releaser::release_now;
 use crate::Error;
 
 /// Proof that a lock is held: returned by [`Lock::acquire`](crate::Lock::acquire) and its siblings.
@@ -129,35 +130,34 @@ impl LockGuard {
     /// changed in Redis then. Cancelling this future does not cancel the release.
     pub async fn release(mut self) -> Result<(), Error> {
         self.done = true;
-        let (tx, rx) = oneshot::channel();
-        if !self.enqueue_release(Some(tx)) {
-            return Err(Error::Shutdown);
-        }
-        rx.await.unwrap_or(Err(Error::Shutdown))
+        let Some((was_lost, ops)) = self.take_level() else {
+            return Err(Error::NotHeld);
+        };
+        // Dropped part way, the release's outcome is unknown: the releaser brings Redis in line.
+        let mut undo = UndoOnDrop {
+            core: &self.core,
+            resync: Some(Resync {
+                keys: self.hold.keys.clone(),
+                owner: self.hold.owner.clone(),
+                field: self.field.clone(),
+                gen: self.gen,
+            }),
+        };
+        let result = release_now(&self.core, &self.hold, self.gen, &self.field, was_lost, ops).await;
+        undo.resync = None;
+        result
     }
 }
 
 impl LockGuard {
-    /// Takes this guard's level off the hold at once and hands the Redis side to the releaser.
-    /// False if the releaser is gone (its runtime shut down).
-    fn enqueue_release(&self, reply: Option<oneshot::Sender<Result<(), Error>>>) -> bool {
-        // Taken before the level goes, so that no acquisition of the same owner slips in between.
+    /// Takes this guard's level off the hold at once; `None` if it was already gone (lost and
+    /// ended, or the client shut down). Also the hold's operations lock, if it could be taken at
+    /// once: taken before the level goes, so that no acquisition of the same owner slips in
+    /// before the release.
+    fn take_level(&self) -> Option<(bool, Option<OwnedMutexGuard<()>>)> {
         let ops = self.hold.ops.clone().try_lock_owned().ok();
-        let Some(was_lost) = self.hold.drop_level(self.gen) else {
-            if let Some(reply) = reply {
-                let _ = reply.send(Err(Error::NotHeld));
-            }
-            return true;
-        };
-        let job = Job::Release {
-            hold: self.hold.clone(),
-            gen: self.gen,
-            field: self.field.clone(),
-            was_lost,
-            ops,
-            reply,
-        };
-        self.core.enqueue(job)
+        let was_lost = self.hold.drop_level(self.gen)?;
+        Some((was_lost, ops))
     }
 }
 
@@ -166,7 +166,17 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        if !self.enqueue_release(None) {
+        let Some((was_lost, ops)) = self.take_level() else {
+            return;
+        };
+        let job = Job::Release {
+            hold: self.hold.clone(),
+            gen: self.gen,
+            field: self.field.clone(),
+            was_lost,
+            ops,
+        };
+        if !self.core.enqueue(job) {
             tracing::warn!(lock = %self.hold.keys.name, "runtime gone: the lock will be freed when its lease expires");
         }
     }

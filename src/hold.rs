@@ -17,11 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch, OwnedMutexGuard};
+use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use crate::keys::LockKeys;
-use crate::Error;
 
 /// How a hold keeps its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -126,8 +125,9 @@ impl Grant {
 
 /// Work for the background releaser (see `releaser.rs`).
 pub(crate) enum Job {
-    /// Bring Redis in line after a guard of generation `gen` went (its level is already taken off
-    /// locally); the result goes to `reply` if anyone waits for it.
+    /// Bring Redis in line after a guard of generation `gen` was dropped (its level is already
+    /// taken off locally). An awaited release runs in its caller's task instead (see
+    /// `releaser::release_now`).
     Release {
         hold: Arc<Hold>,
         gen: u64,
@@ -136,11 +136,11 @@ pub(crate) enum Job {
         /// The hold's operations lock, when it could be taken at once as the guard went: the same
         /// owner's next acquisition then queues behind this release instead of racing it.
         ops: Option<OwnedMutexGuard<()>>,
-        reply: Option<oneshot::Sender<Result<(), Error>>>,
     },
-    /// Bring Redis back in line with the local count of generation `gen` (`field`) of a hold after
-    /// an operation whose outcome is unknown (cancelled, timed out).
-    Resync(Resync),
+    /// Bring Redis back in line with the local count of generation `gen` (`field`) of a hold on
+    /// the masters `on` (their indexes) after an operation whose outcome there is unknown
+    /// (cancelled, timed out, not answered).
+    Resync { resync: Resync, on: Vec<usize> },
 }
 
 /// One hold generation to bring in line, on some nodes.

@@ -345,6 +345,7 @@ impl Node {
         owner: &Arc<str>,
         lease: Duration,
         target: u32,
+        in_step: bool,
     ) -> Result<Vote, Error> {
         let op = || Op::Acquire {
             lock: keys.lock.clone(),
@@ -353,6 +354,7 @@ impl Node {
             owner: owner.clone(),
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             target: i64::from(target),
+            in_step,
         };
         let reply = self.run_batched(op).await?;
         match reply.as_slice() {

@@ -9,8 +9,11 @@
 //! 3. Otherwise undo on every node that did not refuse (also those that did not answer).
 //!
 //! Fencing over several nodes: each granting node draws its own next token; the largest of the
-//! majority is the token, and it is written back to a majority before the guard is handed out. Any
-//! later majority overlaps that one, so it draws a larger token.
+//! majority is the token, and a majority must have it as its counter before the guard is handed out.
+//! Any later majority overlaps that one, so it draws a larger token. The masters keep their counters
+//! in step (`scripts/acquire.lua`, `in_step`), so in the steady state every granting master drew the
+//! same token and nothing is written back: one round trip. Only masters that drew less (a counter
+//! missing or behind) get the token written back, in a second round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,6 +144,8 @@ pub(crate) async fn acquire(
     let nodes = masters.nodes.len();
     let needed = masters.needed();
     let reentry = target > 1;
+    // Several masters keep their fence counters in step, so that a round needs no write-back.
+    let in_step = !masters.single();
     let start = Instant::now();
 
     // Masters that may have forgotten locks they granted (restarted), or that repeat another one,
@@ -150,7 +155,7 @@ pub(crate) async fn acquire(
         .iter()
         .enumerate()
         .filter(|(i, _)| voters[*i])
-        .map(|(i, node)| async move { (i, node.acquire(keys, field, lease, target).await) })
+        .map(|(i, node)| async move { (i, node.acquire(keys, field, lease, target, in_step).await) })
         .collect();
     if voters.iter().any(|v| !v) {
         tracing::debug!(lock = %keys.name, voters = voters.iter().filter(|v| **v).count(), "restarted or repeated masters sit out");
@@ -213,7 +218,8 @@ pub(crate) async fn acquire(
     }
     if !reentry && granted.len() >= needed {
         let mut token = granted.iter().map(|g| g.2).max().unwrap_or(0);
-        // One master drew the token itself: nothing to write back.
+        // One master drew the token itself: nothing to write back. Of several, only those that
+        // drew less (their counter was behind) need it; masters in step all drew the token.
         let fenced = masters.single() || raise_fence(masters, keys, &granted, token).await >= needed;
         if !fenced {
             token = 0;
@@ -259,16 +265,20 @@ pub(crate) async fn acquire(
     })
 }
 
-/// Writes `token` back to the granting nodes; returns on how many it landed.
+/// Writes `token` back to the granting nodes that drew less; returns how many granting nodes
+/// have it now (no request at all when every one drew it).
 async fn raise_fence(masters: &Masters, keys: &LockKeys, granted: &[(usize, u64, u64)], token: u64) -> usize {
+    let drawn = granted.iter().filter(|g| g.2 == token).count();
     let raises = granted
         .iter()
+        .filter(|g| g.2 < token)
         .map(|(i, _, _)| async move { masters.nodes[*i].raise_fence(keys, token).await.is_ok() });
-    futures::future::join_all(raises)
+    let raised = futures::future::join_all(raises)
         .await
         .into_iter()
         .filter(|ok| *ok)
-        .count()
+        .count();
+    drawn + raised
 }
 
 /// What the masters said to a release.

@@ -36,43 +36,49 @@ pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
 }
 
 async fn run_job(core: Arc<Core>, job: Job) {
-    let (resync, pending) = match job {
+    match job {
         Job::Release {
             hold,
             gen,
             field,
             was_lost,
             ops,
-            reply,
         } => {
-            let (result, silent) = release(&core, &hold, gen, &field, was_lost, ops).await;
-            match reply {
-                Some(reply) => {
-                    let _ = reply.send(result);
-                }
-                None => {
-                    if let Err(err) = result {
-                        if !matches!(err, Error::NotHeld) {
-                            tracing::warn!(lock = %hold.keys.name, %err, "release from drop failed");
-                        }
-                    }
+            if let Err(err) = release_now(&core, &hold, gen, &field, was_lost, ops).await {
+                if !matches!(err, Error::NotHeld) {
+                    tracing::warn!(lock = %hold.keys.name, %err, "release from drop failed");
                 }
             }
-            if silent.is_empty() {
-                return;
-            }
-            // The release may or may not have landed there: bring them in line once they answer.
-            let resync = Resync {
-                keys: hold.keys.clone(),
-                owner: hold.owner.clone(),
-                field,
-                gen,
-            };
-            (resync, silent)
         }
-        Job::Resync(resync) => (resync, (0..core.masters.nodes.len()).collect()),
-    };
-    resync_until_answered(Arc::downgrade(&core), resync, pending).await;
+        Job::Resync { resync, on } => resync_until_answered(Arc::downgrade(&core), resync, on).await,
+    }
+}
+
+/// Releases one level of a hold (see [`release`]) in the caller's task: an awaited release needs no
+/// hop to the releaser. Masters that did not answer are left to the releaser, which retries them.
+///
+/// Cancelling it part way leaves the release's outcome unknown: the caller then queues a
+/// [`Job::Resync`] (see `core::UndoOnDrop`).
+pub(crate) async fn release_now(
+    core: &Arc<Core>,
+    hold: &Arc<Hold>,
+    gen: u64,
+    field: &Arc<str>,
+    was_lost: bool,
+    ops: Option<OwnedMutexGuard<()>>,
+) -> Result<(), Error> {
+    let (result, silent) = release(core, hold, gen, field, was_lost, ops).await;
+    if !silent.is_empty() {
+        // The release may or may not have landed there: bring them in line once they answer.
+        let resync = Resync {
+            keys: hold.keys.clone(),
+            owner: hold.owner.clone(),
+            field: field.clone(),
+            gen,
+        };
+        core.enqueue(Job::Resync { resync, on: silent });
+    }
+    result
 }
 
 /// Brings Redis to the hold's count after a guard of generation `gen` went (see

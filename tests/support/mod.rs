@@ -149,6 +149,19 @@ impl RedisServer {
         command_on(self.port, self.password.as_deref(), args, timeout)
     }
 
+    /// How many times the server ran `command` (lower case, e.g. "evalsha"), from `INFO commandstats`.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let info = self.cmd(&["INFO", "commandstats"]);
+        let prefix = format!("cmdstat_{command}:calls=");
+        info.as_str()
+            .unwrap_or("")
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|l| l.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub fn exists(&self, key: &str) -> bool {
         self.cmd(&["EXISTS", key]).as_int() == Some(1)
     }
