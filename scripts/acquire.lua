@@ -1,8 +1,9 @@
 -- Take or re-enter a lock (a function of the batch script, see batch.lua).
 -- lock: the lock hash (field: the hold's owner and generation, `owner:generation`, value: hold count);
 -- fence: the fence counter; owner: that field; lease: lease in ms; target: the hold count after this
--- acquisition; in_step: the server is one master of a quorum (see the token below). An ended generation of the same owner (a hold lost, a release still on its way) is
--- replaced; a late request for it then finds nothing and changes nothing.
+-- acquisition; in_step: the server is one master of a quorum (see the token below). An ended
+-- generation of the same owner (a hold lost, a release still on its way) is replaced; a late request
+-- for it then finds nothing and changes nothing.
 --
 -- The count is *set* to target, never incremented, so a call that runs twice (a resend after a dropped
 -- connection) leaves the same state behind. A target of 1 starts a new hold and draws a new fencing
@@ -12,18 +13,23 @@
 --         {0, remaining ttl in ms} when another owner holds the lock.
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: both are read first.
 local function acquire(lock, fence, owner, lease, target, in_step)
-  local prev = redis.call('HGET', lock, owner)
+  -- A free lock (the common case) needs no look at its fields: one EXISTS instead of HGET and HKEYS.
+  local prev = false
   local ended = {}
-  if not prev then
-    -- Another field is another owner's hold, or an ended generation of this owner (its field starts
-    -- with the same `owner:` and only the generation differs): a hold lost, or a release still on its
-    -- way. Only the latter is ours to replace; it is removed below, once nothing can refuse.
-    local mine = string.match(owner, '^(.*:)%d+$')
-    for _, field in ipairs(redis.call('HKEYS', lock)) do
-      if mine and string.sub(field, 1, #mine) == mine then
-        ended[#ended + 1] = field
-      else
-        return {0, redis.call('PTTL', lock)}
+  if redis.call('EXISTS', lock) == 1 then
+    prev = redis.call('HGET', lock, owner)
+    if not prev then
+      -- Another field is another owner's hold, or an ended generation of this owner (its field
+      -- starts with the same `owner:` and only the generation differs): a hold lost, or a release
+      -- still on its way. Only the latter is ours to replace; it is removed below, once nothing can
+      -- refuse.
+      local mine = string.match(owner, '^(.*:)%d+$')
+      for _, field in ipairs(redis.call('HKEYS', lock)) do
+        if mine and string.sub(field, 1, #mine) == mine then
+          ended[#ended + 1] = field
+        else
+          return {0, redis.call('PTTL', lock)}
+        end
       end
     end
   end

@@ -32,6 +32,11 @@ pub(crate) struct Core {
     pub(crate) holds: Holds,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
+    /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
+    /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
+    /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
+    watchdog_wake: AtomicU64,
+    epoch: Instant,
     closed: AtomicBool,
     /// The longest fixed lease granted, in ms: restarted masters sit out at least this long.
     longest_lease_ms: AtomicU64,
@@ -67,6 +72,8 @@ impl Core {
             holds: Holds::default(),
             jobs,
             watchdog_kick: Arc::new(Notify::new()),
+            watchdog_wake: AtomicU64::new(u64::MAX),
+            epoch: Instant::now(),
             closed: AtomicBool::new(false),
             longest_lease_ms: AtomicU64::new(0),
             owns_clients,
@@ -86,6 +93,27 @@ impl Core {
     pub(crate) fn longest_lease(&self) -> Duration {
         let fixed = Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed));
         fixed.max(self.config.get_watchdog_timeout())
+    }
+
+    /// The watchdog is awake (or will sleep until `Some(wake)`): see `watchdog_wake`.
+    pub(crate) fn set_watchdog_wake(&self, wake: Option<Instant>) {
+        let at = wake.map_or(u64::MAX, |wake| self.micros(wake));
+        self.watchdog_wake.store(at, Ordering::SeqCst);
+    }
+
+    /// Kicks the watchdog if a hold that runs out at `deadline` needs it sooner than it will wake.
+    /// The hold's deadline is set before this is called, and the watchdog marks itself awake before
+    /// it reads the holds: either it sees the hold, or this sees it awake and kicks.
+    fn wake_watchdog_for(&self, deadline: Instant) {
+        if self.micros(deadline) < self.watchdog_wake.load(Ordering::SeqCst) {
+            self.watchdog_kick.notify_one();
+        }
+    }
+
+    fn micros(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch)
+            .as_micros()
+            .min(u64::MAX as u128 - 1) as u64
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -212,7 +240,7 @@ impl Core {
             };
             if !reentry {
                 // The watchdog may have to wake earlier for this lease.
-                self.watchdog_kick.notify_one();
+                self.wake_watchdog_for(deadline);
                 tracing::debug!(lock = %keys.name, owner = %owner, token, "lock acquired");
             }
             return Ok(Attempt::Granted(grant));

@@ -31,6 +31,7 @@ pub(crate) async fn run(core: Weak<Core>) {
         if strong.is_closed() {
             return;
         }
+        strong.set_watchdog_wake(None);
         let now = Instant::now();
         if round.is_none() && now >= next_round {
             round = Some(Box::pin(renew_round(strong.clone())));
@@ -54,6 +55,7 @@ pub(crate) async fn run(core: Weak<Core>) {
         // No strong reference while idle, so that dropping the last handle drops the client (a
         // round in flight keeps it for at most one node timeout).
         let kick = strong.watchdog_kick.clone();
+        strong.set_watchdog_wake(Some(wake));
         drop(strong);
         let in_flight = async {
             match round.as_mut() {
