@@ -1,0 +1,205 @@
+//! relock against its peers (rslock 0.10, redlock 2.0, async-redis-lock 0.4), against a bare
+//! round trip and against Redis's own ceiling, side by side in one run, on throwaway redis-servers
+//! this program starts itself.
+//!
+//! ```sh
+//! cargo bench --bench locks -- --quick                  # everything, 1 s per row (under 2 minutes)
+//! cargo bench --bench locks                             # everything, 8 s per row (about 10 minutes)
+//! cargo bench --bench locks -- --quick --only hot,floor # only these workloads
+//! ```
+//!
+//! Prints a Markdown table (rows, then the targets computed from this run's rows); writes
+//! `target/bench/locks.json` and `target/bench/locks.svg`.
+//!
+//! Workloads, by their `--only` names:
+//!
+//! - `floor`: a bare `tokio::net::TcpStream` running relock's batch script (acquire, then release:
+//!   two round trips per cycle, one in flight), directly and through a driver task as client
+//!   libraries do, and `redis-benchmark -c 1` of `SET` and the acquire script.
+//! - `ceiling`: `redis-benchmark -c 50` of the acquire and release scripts, without and with
+//!   pipelining, and fred's `EVALSHA` round trip.
+//! - `uncontended`: each task cycles on a lock of its own, 1, 16 and 256 tasks.
+//! - `contended`: 2, 8 and 32 tasks on one lock with an empty critical section (measures barging).
+//! - `hot`: one hot lock with a 1 ms critical section, 8, 64 and 512 contenders over 4 clients,
+//!   each peer at its default retry settings and polling tightly.
+//! - `redlock`: one task over a quorum of 1, 3 and 5 masters.
+//! - `watchdog`: 10,000 held locks renewed by the watchdog.
+//! - `waiters`: 10,000 tasks waiting on 10,000 held locks.
+//! - `cluster`: uncontended cycles and the watchdog on a Redis Cluster of three primaries.
+//!
+//! Every throughput row (uncontended, contended, hot lock, redlock, cluster uncontended, floor)
+//! also reports Redis's CPU time and commands per cycle (or section), summed over the servers of
+//! the row (every command they ran, those called by scripts included), and this process's CPU time
+//! per cycle, which includes the bench loop itself.
+
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+mod host;
+mod peers;
+mod report;
+mod rows;
+mod workloads;
+
+use std::time::Duration;
+
+use host::RoundLog;
+use support::RedisServer;
+
+/// A group of workloads, selectable with `--only`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Group {
+    Floor,
+    Ceiling,
+    Uncontended,
+    Contended,
+    Hot,
+    Redlock,
+    Watchdog,
+    Waiters,
+    Cluster,
+}
+
+impl Group {
+    const ALL: [Group; 9] = [
+        Group::Floor,
+        Group::Ceiling,
+        Group::Uncontended,
+        Group::Contended,
+        Group::Hot,
+        Group::Redlock,
+        Group::Watchdog,
+        Group::Waiters,
+        Group::Cluster,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Group::Floor => "floor",
+            Group::Ceiling => "ceiling",
+            Group::Uncontended => "uncontended",
+            Group::Contended => "contended",
+            Group::Hot => "hot",
+            Group::Redlock => "redlock",
+            Group::Watchdog => "watchdog",
+            Group::Waiters => "waiters",
+            Group::Cluster => "cluster",
+        }
+    }
+
+    fn parse(name: &str) -> Option<Group> {
+        Group::ALL.into_iter().find(|g| g.name() == name)
+    }
+}
+
+/// How this run goes.
+pub struct Mode {
+    pub quick: bool,
+    /// How long each measured row runs.
+    pub run: Duration,
+    /// The groups to run.
+    pub groups: Vec<Group>,
+}
+
+impl Mode {
+    /// From the command line (`--quick`, `--only a,b`; cargo's own `--bench` is ignored) and
+    /// `RELOCK_BENCH_QUICK`.
+    fn from_args() -> Mode {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let quick = args.iter().any(|a| a == "--quick") || std::env::var("RELOCK_BENCH_QUICK").is_ok();
+        let only = args
+            .iter()
+            .position(|a| a == "--only")
+            .and_then(|i| args.get(i + 1).cloned())
+            .or_else(|| {
+                args.iter()
+                    .find_map(|a| a.strip_prefix("--only=").map(str::to_string))
+            });
+        let groups = match only {
+            None => Group::ALL.to_vec(),
+            Some(names) => names
+                .split(',')
+                .filter(|n| !n.is_empty())
+                .map(|n| {
+                    Group::parse(n.trim()).unwrap_or_else(|| {
+                        let known: Vec<&str> = Group::ALL.iter().map(|g| g.name()).collect();
+                        eprintln!("unknown workload {n:?}; known: {}", known.join(", "));
+                        std::process::exit(2)
+                    })
+                })
+                .collect(),
+        };
+        Mode {
+            quick,
+            run: Duration::from_secs(if quick { 1 } else { 8 }),
+            groups,
+        }
+    }
+
+    fn runs(&self, group: Group) -> bool {
+        self.groups.contains(&group)
+    }
+}
+
+fn main() {
+    let mode = Mode::from_args();
+    let rounds = RoundLog::default();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::Layer;
+        let filter =
+            tracing_subscriber::filter::Targets::new().with_target("relock::watchdog", tracing::Level::DEBUG);
+        let subscriber = tracing_subscriber::registry().with(rounds.clone().with_filter(filter));
+        tracing::subscriber::set_global_default(subscriber).expect("tracing subscriber");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let version = std::process::Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+            .unwrap_or_default();
+        let names: Vec<&str> = mode.groups.iter().map(|g| g.name()).collect();
+        eprintln!(
+            "relock bench ({} mode: {}) on {version}",
+            if mode.quick { "quick" } else { "full" },
+            names.join(", ")
+        );
+        let started = std::time::Instant::now();
+        let server = RedisServer::start();
+        let mut rows = Vec::new();
+        for group in Group::ALL.into_iter().filter(|g| mode.runs(*g)) {
+            eprintln!("{} ... ({:.0} s)", group.name(), started.elapsed().as_secs_f64());
+            match group {
+                Group::Floor => workloads::floor(&mode, &server, &mut rows).await,
+                Group::Ceiling => workloads::ceiling(&mode, &server, &mut rows).await,
+                Group::Uncontended => workloads::uncontended(&mode, &server, &mut rows).await,
+                Group::Contended => workloads::contended(&mode, &server, &mut rows).await,
+                Group::Hot => workloads::hot_lock(&mode, &server, &mut rows).await,
+                Group::Redlock => {
+                    let masters: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+                    workloads::redlock_quorum(&mode, &masters, &mut rows).await;
+                }
+                Group::Watchdog => workloads::watchdog_scale(&mode, &server, &mut rows, &rounds).await,
+                Group::Waiters => workloads::waiters_scale(&server, &mut rows).await,
+                Group::Cluster => workloads::cluster_rows(&mode, &mut rows, &rounds).await,
+            }
+        }
+        eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());
+
+        let targets = report::targets(&rows);
+        println!("{}", report::markdown(&rows, &targets));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+        std::fs::create_dir_all(&dir).expect("target/bench");
+        std::fs::write(
+            dir.join("locks.json"),
+            report::json(&mode, &version, &rows, &targets),
+        )
+        .expect("json");
+        std::fs::write(dir.join("locks.svg"), report::svg(&rows)).expect("svg");
+        eprintln!("wrote {}/locks.json and locks.svg", dir.display());
+    });
+}

@@ -1,0 +1,316 @@
+//! The libraries, each as one acquisition and one release (a [`Contender`]), how each peer is built
+//! at a retry setting, and the two loops every library runs the same way: back-to-back cycles on a
+//! lock of its own ([`cycles`]), and contending for one lock with a critical section ([`contend`]).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+
+use crate::rows::{micros, Library, Retry, Tally};
+
+/// The lease every peer asks for; long enough never to run out during a cycle.
+const LEASE: Duration = Duration::from_secs(30);
+
+/// One lock of one library, as one task uses it.
+pub trait Contender: Send + Sync + 'static {
+    /// What a granted acquisition hands back, to release it.
+    type Held: Send + 'static;
+
+    const LIBRARY: Library;
+
+    /// A synchronous library: its loop runs on a blocking thread.
+    const BLOCKING: bool = false;
+
+    /// One acquisition as the library makes it, its own retries included: `None` when it gave up.
+    fn acquire(&self) -> impl Future<Output = Option<Self::Held>> + Send;
+
+    /// Releases and waits for Redis to confirm; `false` if the library reported an error.
+    fn release(&self, held: Self::Held) -> impl Future<Output = bool> + Send;
+}
+
+/// relock: waits for the release message, never gives up.
+pub struct Relock(pub relock::Lock);
+
+impl Contender for Relock {
+    type Held = relock::LockGuard;
+    const LIBRARY: Library = Library::Relock;
+
+    async fn acquire(&self) -> Option<relock::LockGuard> {
+        Some(self.0.acquire().await.expect("relock acquire"))
+    }
+
+    async fn release(&self, guard: relock::LockGuard) -> bool {
+        guard.release().await.is_ok()
+    }
+}
+
+/// rslock: `SET NX PX` on every master, `retry_count` tries with a pause drawn from
+/// `0..retry_delay` whole milliseconds between them (the failed try's keys deleted first).
+pub struct Rslock {
+    pub manager: Arc<rslock::LockManager>,
+    pub key: String,
+}
+
+/// An rslock manager over `urls` at a retry setting. Defaults: 3 tries, pauses of 0-199 ms. Tight:
+/// unbounded tries, a 1 ms retry delay, which rslock draws from `0..1` ms: no pause at all.
+pub fn rslock_manager(urls: &[String], retry: Retry) -> Arc<rslock::LockManager> {
+    let mut manager = rslock::LockManager::new(urls.to_vec());
+    if retry == Retry::Tight {
+        manager.set_retry(u32::MAX, Duration::from_millis(1));
+    }
+    Arc::new(manager)
+}
+
+impl Contender for Rslock {
+    type Held = rslock::Lock;
+    const LIBRARY: Library = Library::Rslock;
+
+    async fn acquire(&self) -> Option<rslock::Lock> {
+        match self.manager.lock(self.key.as_str(), LEASE).await {
+            Ok(lock) => Some(lock),
+            Err(rslock::LockError::Unavailable | rslock::LockError::TtlExceeded) => None,
+            Err(err) => panic!("rslock acquire: {err:?}"),
+        }
+    }
+
+    async fn release(&self, lock: rslock::Lock) -> bool {
+        // Best effort in rslock: no outcome to report.
+        self.manager.unlock(&lock).await;
+        true
+    }
+}
+
+/// async-redis-lock, one acquisition and one release per cycle.
+///
+/// Why an earlier run reported its 1-task acquire p50 at ~29-35 µs, below the "round trip" it was
+/// compared with (fred's `EVALSHA`, ~91 µs then), while the crate measured alone gave ~92 µs:
+///
+/// - The cycle is real. From its 0.4.0 source: `acquire_with_options` runs its lock script once
+///   (`EXISTS`, then `SET PX`) through redis-rs's `ConnectionManager` and spawns an extension task
+///   that sleeps `extend` (1 s) and is cancelled through a oneshot at release, sending nothing in a
+///   short cycle; `release()` awaits the unlock script's reply (`GET`, then `DEL`) and clears the
+///   guard, so `Drop` spawns no second unlock and the key is free for the next cycle.
+///   `timeout(None)` only changes the retry loop, which an uncontended acquisition never enters.
+///   `INFO commandstats` agrees: 6 commands per cycle (2 `EVALSHA`, `EXISTS`, `SET`, `GET`, `DEL`).
+/// - fred's round trip was never the physical one: a bare `TcpStream` (the `floor` rows) and
+///   redis-rs's plain `SET` both take ~60 µs here when the machine is otherwise idle, fred ~75-90 µs.
+/// - On this 2-vCPU VM a request's round trip is mostly the wake-up of an idle vCPU: the bare loop
+///   takes ~15 µs when another thread keeps a vCPU busy. In the same process, minutes apart,
+///   async-redis-lock's acquire measured 28-40 µs while its own release, redis-rs's `SET` and the
+///   bare loop measured 52-62 µs; with one worker thread (or a current-thread runtime, as under
+///   `#[tokio::test]`) its acquire is ~65 µs, the bare round trip, at 7,400-7,700 cycles/s. So the
+///   low figure is most likely its per-lock extension task (spawned at acquire, woken by the cancel
+///   at release) keeping the runtime's second worker, and its vCPU, awake when the next acquire's
+///   reply arrives; the ~92 µs "alone" figure fits a one-worker runtime on a busier machine.
+///
+/// The bench now also reports every library's release latency, Redis commands and CPU per cycle
+/// (a release returning early, or a cycle that skips Redis, would show there), and its cycles/s,
+/// which is the robust comparison, beside a floor measured in the same run.
+pub struct Arl {
+    pub locker: async_redis_lock::Locker,
+    pub key: String,
+    pub options: async_redis_lock::Options,
+}
+
+/// async-redis-lock's options at a retry setting. Defaults: retry every 100 ms, give up after 1 s.
+/// Tight: retry every 1 ms (a tokio sleep, so 1-2 ms), never give up.
+pub fn arl_options(retry: Retry) -> async_redis_lock::Options {
+    match retry {
+        Retry::Tight => async_redis_lock::Options::new()
+            .retry(Duration::from_millis(1))
+            .timeout(None),
+        _ => async_redis_lock::Options::new(),
+    }
+}
+
+impl Contender for Arl {
+    type Held = async_redis_lock::Lock;
+    const LIBRARY: Library = Library::AsyncRedisLock;
+
+    async fn acquire(&self) -> Option<async_redis_lock::Lock> {
+        match self.locker.acquire_with_options(&self.options, &self.key).await {
+            Ok(lock) => Some(lock),
+            Err(async_redis_lock::Error::Timeout) => None,
+            Err(err) => panic!("async-redis-lock acquire: {err:?}"),
+        }
+    }
+
+    async fn release(&self, lock: async_redis_lock::Lock) -> bool {
+        lock.release().await.is_ok()
+    }
+}
+
+/// redlock (synchronous): a new TCP connection for every `SET NX PX` and every unlock script.
+pub struct Redlock {
+    pub redlock: Arc<redlock::RedLock>,
+    pub key: Vec<u8>,
+}
+
+/// A redlock client over `urls` at its defaults (3 tries, pauses of 0-199 ms). Not run polling
+/// tightly: each try opens two TCP connections, which would use up the loopback's ports.
+pub fn redlock_client(urls: &[String]) -> Arc<redlock::RedLock> {
+    Arc::new(redlock::RedLock::new(urls.to_vec()))
+}
+
+impl Contender for Redlock {
+    /// The lock's resource and value (`redlock::Lock` borrows its client).
+    type Held = (Vec<u8>, Vec<u8>);
+    const LIBRARY: Library = Library::Redlock;
+    const BLOCKING: bool = true;
+
+    async fn acquire(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        match self.redlock.lock(&self.key, LEASE.as_millis() as usize) {
+            Ok(Some(lock)) => Some((lock.resource, lock.val)),
+            _ => None,
+        }
+    }
+
+    async fn release(&self, (resource, val): (Vec<u8>, Vec<u8>)) -> bool {
+        self.redlock.unlock(&redlock::Lock {
+            lock_manager: &self.redlock,
+            resource,
+            val,
+            validity_time: 0,
+        });
+        true
+    }
+}
+
+/// Spawns one bench task of `C`: on a blocking thread for a synchronous library (where its calls
+/// run inline under `Handle::block_on`), as a tokio task otherwise.
+pub fn spawn<C: Contender, F>(task: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if C::BLOCKING {
+        let handle = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || handle.block_on(task))
+    } else {
+        tokio::spawn(task)
+    }
+}
+
+/// Back-to-back acquire + release cycles on `c`'s own lock until `deadline`.
+pub async fn cycles<C: Contender>(c: C, deadline: Instant) -> Tally {
+    let mut tally = Tally::new();
+    while Instant::now() < deadline {
+        let start = Instant::now();
+        let held = loop {
+            if let Some(held) = c.acquire().await {
+                break Some(held);
+            }
+            if Instant::now() >= deadline {
+                break None;
+            }
+        };
+        let Some(held) = held else { break };
+        tally.acquire.record(micros(start.elapsed())).ok();
+        let start = Instant::now();
+        if !c.release(held).await {
+            tally.failed_releases += 1;
+        }
+        tally.release.record(micros(start.elapsed())).ok();
+        tally.count += 1;
+    }
+    tally
+}
+
+/// Handoff: from the start of a release call to the next holder's grant, over all contenders.
+#[derive(Clone)]
+pub struct Handoff {
+    clock: Instant,
+    /// When the last release began, in µs since `clock` (0: none yet).
+    released: Arc<AtomicU64>,
+}
+
+impl Default for Handoff {
+    fn default() -> Handoff {
+        Handoff::new()
+    }
+}
+
+impl Handoff {
+    pub fn new() -> Handoff {
+        Handoff {
+            clock: Instant::now(),
+            released: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        (self.clock.elapsed().as_micros() as u64).max(1)
+    }
+
+    /// A holder was just granted the lock: records the time since the last release began.
+    fn granted(&self, h: &mut Histogram<u64>) {
+        let at = self.released.load(Ordering::SeqCst);
+        if at > 0 {
+            h.record(self.now().saturating_sub(at).max(1)).ok();
+        }
+    }
+
+    /// The holder is about to release.
+    fn releasing(&self) {
+        self.released.store(self.now(), Ordering::SeqCst);
+    }
+}
+
+/// Holds the lock for `section`: a sleep off the runtime (a blocking thread's `thread::sleep`,
+/// about 1.1 ms for 1 ms here), standing in for a database write. `tokio::time::sleep` would round
+/// up to its millisecond wheel (about 2 ms for 1 ms on this machine).
+async fn hold<C: Contender>(section: Duration) {
+    if section.is_zero() {
+        return;
+    }
+    if C::BLOCKING {
+        std::thread::sleep(section);
+    } else {
+        tokio::task::spawn_blocking(move || std::thread::sleep(section))
+            .await
+            .expect("critical section");
+    }
+}
+
+/// Contends for `c`'s lock (shared with the other contenders) until `deadline`: acquire (again
+/// whenever the library gives up), hold for `section`, release. Counts the sections granted before
+/// the deadline; a wait still open at the deadline is recorded as long as it was by then.
+pub async fn contend<C: Contender>(c: C, deadline: Instant, section: Duration, handoff: Handoff) -> Tally {
+    let mut tally = Tally::new();
+    while Instant::now() < deadline {
+        let want = Instant::now();
+        let held = loop {
+            match tokio::time::timeout_at(deadline, c.acquire()).await {
+                Ok(Some(held)) => break Some(held),
+                Ok(None) if Instant::now() < deadline => continue,
+                _ => break None,
+            }
+        };
+        let granted = Instant::now();
+        let Some(held) = held else {
+            tally
+                .acquire
+                .record(micros(deadline.saturating_duration_since(want)))
+                .ok();
+            break;
+        };
+        handoff.granted(&mut tally.handoff);
+        tally.acquire.record(micros(granted - want)).ok();
+        if granted < deadline {
+            tally.count += 1;
+        }
+        hold::<C>(section).await;
+        if !section.is_zero() {
+            tally.section.record(micros(granted.elapsed())).ok();
+        }
+        handoff.releasing();
+        if !c.release(held).await {
+            tally.failed_releases += 1;
+        }
+    }
+    tally
+}

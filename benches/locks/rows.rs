@@ -1,0 +1,430 @@
+//! The typed row model: what a row is keyed by (workload, library, parameters) and the figures it
+//! carries (metrics, each with its unit in its name), plus the per-task tallies rows are built from.
+//! Rows are looked up by these types, so a misspelt key is a compile error, not a silently missing
+//! target.
+
+use std::fmt;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// A group of rows measuring one thing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// What one connection doing one round trip at a time reaches, without a lock library.
+    Floor,
+    /// What Redis itself runs of relock's scripts with many connections.
+    Ceiling,
+    Uncontended,
+    /// Tasks contending for one lock with an empty critical section.
+    Contended,
+    /// Tasks contending for one lock with a 1 ms critical section.
+    HotLock,
+    /// A quorum over N independent masters.
+    Redlock,
+    Watchdog,
+    Waiters,
+    ClusterUncontended,
+    ClusterWatchdog,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Floor => "floor",
+            Workload::Ceiling => "ceiling",
+            Workload::Uncontended => "uncontended",
+            Workload::Contended => "contended",
+            Workload::HotLock => "hot lock",
+            Workload::Redlock => "redlock",
+            Workload::Watchdog => "watchdog",
+            Workload::Waiters => "waiters",
+            Workload::ClusterUncontended => "cluster uncontended",
+            Workload::ClusterWatchdog => "cluster watchdog",
+        }
+    }
+}
+
+/// Who is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Library {
+    Relock,
+    Rslock,
+    Redlock,
+    AsyncRedisLock,
+    RedisBenchmark,
+    FredEvalsha,
+    /// A bare `tokio::net::TcpStream` with hand-written RESP.
+    BareTcp,
+}
+
+impl Library {
+    /// The lock libraries relock is compared with.
+    pub const PEERS: [Library; 3] = [Library::Rslock, Library::Redlock, Library::AsyncRedisLock];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Library::Relock => "relock",
+            Library::Rslock => "rslock",
+            Library::Redlock => "redlock",
+            Library::AsyncRedisLock => "async-redis-lock",
+            Library::RedisBenchmark => "redis-benchmark",
+            Library::FredEvalsha => "fred EVALSHA",
+            Library::BareTcp => "bare TcpStream",
+        }
+    }
+}
+
+/// How a peer retries an acquisition the lock refused. relock does not poll: its waiters are woken
+/// by the release message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// relock: no polling.
+    Waits,
+    /// The library's own defaults.
+    Default,
+    /// Tuned to poll tightly: a 1 ms retry delay and (effectively) unbounded retries.
+    Tight,
+}
+
+impl Retry {
+    pub fn name(self) -> &'static str {
+        match self {
+            Retry::Waits => "waits",
+            Retry::Default => "default",
+            Retry::Tight => "tight",
+        }
+    }
+}
+
+/// What redis-benchmark runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchCommand {
+    /// relock's acquire and release scripts, one row with both.
+    Scripts,
+    /// A plain `SET` and relock's acquire script, one row with both.
+    SetAndAcquire,
+}
+
+/// A row's parameters, part of its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Params {
+    Tasks(usize),
+    ClusterTasks {
+        primaries: usize,
+        tasks: usize,
+    },
+    /// `contenders` tasks over `clients` clients (hot lock).
+    Hot {
+        contenders: usize,
+        clients: usize,
+        retry: Retry,
+    },
+    Masters(usize),
+    Bench {
+        clients: usize,
+        pipeline: usize,
+        command: BenchCommand,
+    },
+    /// One connection, one request in flight.
+    OneInFlight,
+    /// The same through a driver task that owns the connection.
+    OneInFlightDriver,
+    Watchdog {
+        locks: usize,
+        interval_s: u64,
+    },
+    ClusterWatchdog {
+        primaries: usize,
+        locks: usize,
+        interval_s: u64,
+    },
+    /// A peer's row in the watchdog workload (nothing measured).
+    Locks(usize),
+    Waiters(usize),
+}
+
+impl Params {
+    /// The same point of a workload, whatever the retry setting (a peer's row beside relock's).
+    pub fn same_point(&self, other: &Params) -> bool {
+        match (self, other) {
+            (
+                Params::Hot {
+                    contenders: a,
+                    clients: b,
+                    ..
+                },
+                Params::Hot {
+                    contenders: c,
+                    clients: d,
+                    ..
+                },
+            ) => a == c && b == d,
+            _ => self == other,
+        }
+    }
+
+    /// The retry setting, for the rows that have one.
+    pub fn retry(&self) -> Option<Retry> {
+        match self {
+            Params::Hot { retry, .. } if *retry != Retry::Waits => Some(*retry),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Params {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Params::Tasks(n) => write!(f, "tasks={n}"),
+            Params::ClusterTasks { primaries, tasks } => write!(f, "primaries={primaries} tasks={tasks}"),
+            Params::Hot {
+                contenders,
+                clients,
+                retry,
+            } => {
+                write!(f, "contenders={contenders} clients={clients}")?;
+                match retry {
+                    Retry::Waits => Ok(()),
+                    other => write!(f, " retry={}", other.name()),
+                }
+            }
+            Params::Masters(n) => write!(f, "masters={n}"),
+            Params::Bench {
+                clients,
+                pipeline,
+                command,
+            } => match command {
+                BenchCommand::Scripts => write!(f, "c={clients} P={pipeline}"),
+                BenchCommand::SetAndAcquire => write!(f, "c={clients} P={pipeline} SET, acquire script"),
+            },
+            Params::OneInFlight => write!(f, "1 connection, 1 in flight"),
+            Params::OneInFlightDriver => write!(f, "1 connection, 1 in flight, via a driver task"),
+            Params::Watchdog { locks, interval_s } => write!(f, "locks={locks} interval={interval_s}s"),
+            Params::ClusterWatchdog {
+                primaries,
+                locks,
+                interval_s,
+            } => write!(f, "primaries={primaries} locks={locks} interval={interval_s}s"),
+            Params::Locks(n) => write!(f, "locks={n}"),
+            Params::Waiters(n) => write!(f, "waiters={n}"),
+        }
+    }
+}
+
+/// A figure of a row; its name carries its unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Metric {
+    CyclesPerS,
+    SectionsPerS,
+    /// Sections per second as a fraction of the ideal (one section right after another).
+    OfIdeal,
+    AcquireP50Us,
+    AcquireP99Us,
+    ReleaseP50Us,
+    /// From a holder's release call to the next holder's grant.
+    HandoffP50Us,
+    HandoffP99Us,
+    /// The same, in the hot lock rows: the time the lock sits idle between holders.
+    IdleGapP50Us,
+    IdleGapP99Us,
+    /// A contender's wait, from wanting the lock to its grant.
+    WaitP50Us,
+    WaitP99Us,
+    /// How long a holder held the lock (the critical section as it ran).
+    SectionP50Us,
+    RttP50Us,
+    RttP99Us,
+    RedisCpuUsPerCycle,
+    RedisCmdsPerCycle,
+    ClientCpuUsPerCycle,
+    RedisCpuUsPerSection,
+    RedisCmdsPerSection,
+    ClientCpuUsPerSection,
+    AcquireScriptPerS,
+    ReleaseScriptPerS,
+    SetPerS,
+    SetP50Us,
+    AcquireScriptP50Us,
+    CommandsPerRound,
+    RoundMs,
+    RoundsSeen,
+    ClientCpuPctOfCore,
+    BytesPerHeldLock,
+    HeldAfter,
+    DistinctSlots,
+    ConnectionsOpened,
+    BytesPerWaiter,
+    AllGrantedMs,
+    Granted,
+}
+
+impl Metric {
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::CyclesPerS => "cycles_per_s",
+            Metric::SectionsPerS => "sections_per_s",
+            Metric::OfIdeal => "of_ideal",
+            Metric::AcquireP50Us => "acquire_p50_us",
+            Metric::AcquireP99Us => "acquire_p99_us",
+            Metric::ReleaseP50Us => "release_p50_us",
+            Metric::HandoffP50Us => "handoff_p50_us",
+            Metric::HandoffP99Us => "handoff_p99_us",
+            Metric::IdleGapP50Us => "idle_gap_p50_us",
+            Metric::IdleGapP99Us => "idle_gap_p99_us",
+            Metric::WaitP50Us => "wait_p50_us",
+            Metric::WaitP99Us => "wait_p99_us",
+            Metric::SectionP50Us => "section_p50_us",
+            Metric::RttP50Us => "rtt_p50_us",
+            Metric::RttP99Us => "rtt_p99_us",
+            Metric::RedisCpuUsPerCycle => "redis_cpu_us_per_cycle",
+            Metric::RedisCmdsPerCycle => "redis_cmds_per_cycle",
+            Metric::ClientCpuUsPerCycle => "client_cpu_us_per_cycle",
+            Metric::RedisCpuUsPerSection => "redis_cpu_us_per_section",
+            Metric::RedisCmdsPerSection => "redis_cmds_per_section",
+            Metric::ClientCpuUsPerSection => "client_cpu_us_per_section",
+            Metric::AcquireScriptPerS => "acquire_script_per_s",
+            Metric::ReleaseScriptPerS => "release_script_per_s",
+            Metric::SetPerS => "set_per_s",
+            Metric::SetP50Us => "set_p50_us",
+            Metric::AcquireScriptP50Us => "acquire_script_p50_us",
+            Metric::CommandsPerRound => "commands_per_round",
+            Metric::RoundMs => "round_ms",
+            Metric::RoundsSeen => "rounds_seen",
+            Metric::ClientCpuPctOfCore => "client_cpu_pct_of_core",
+            Metric::BytesPerHeldLock => "bytes_per_held_lock",
+            Metric::HeldAfter => "held_after",
+            Metric::DistinctSlots => "distinct_slots",
+            Metric::ConnectionsOpened => "connections_opened",
+            Metric::BytesPerWaiter => "bytes_per_waiter",
+            Metric::AllGrantedMs => "all_granted_ms",
+            Metric::Granted => "granted",
+        }
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub workload: Workload,
+    pub library: Library,
+    pub params: Params,
+    /// Figures, in the unit their name says.
+    pub metrics: Vec<(Metric, f64)>,
+    pub note: String,
+}
+
+impl Row {
+    pub fn new(workload: Workload, library: Library, params: Params) -> Row {
+        Row {
+            workload,
+            library,
+            params,
+            metrics: Vec::new(),
+            note: String::new(),
+        }
+    }
+
+    pub fn metric(mut self, metric: Metric, value: f64) -> Row {
+        self.metrics.push((metric, value));
+        self
+    }
+
+    /// The p50 and p99 of `h` (µs) as two figures; none if `h` is empty.
+    pub fn percentiles(self, p50: Metric, p99: Metric, h: &Histogram<u64>) -> Row {
+        if h.is_empty() {
+            return self;
+        }
+        self.metric(p50, h.value_at_quantile(0.50) as f64)
+            .metric(p99, h.value_at_quantile(0.99) as f64)
+    }
+
+    /// The p50 of `h` (µs) as a figure; none if `h` is empty.
+    pub fn median(self, p50: Metric, h: &Histogram<u64>) -> Row {
+        match h.is_empty() {
+            true => self,
+            false => self.metric(p50, h.value_at_quantile(0.50) as f64),
+        }
+    }
+
+    /// Adds a note (after any note already there).
+    pub fn note(mut self, note: impl AsRef<str>) -> Row {
+        if !self.note.is_empty() {
+            self.note.push_str("; ");
+        }
+        self.note.push_str(note.as_ref());
+        self
+    }
+
+    pub fn get(&self, metric: Metric) -> Option<f64> {
+        self.metrics.iter().find(|(m, _)| *m == metric).map(|(_, v)| *v)
+    }
+}
+
+/// The row of `workload`, `library` and `params`.
+pub fn find(rows: &[Row], workload: Workload, library: Library, params: Params) -> Option<&Row> {
+    rows.iter()
+        .find(|r| r.workload == workload && r.library == library && r.params == params)
+}
+
+/// One figure of the row of `workload`, `library` and `params`.
+pub fn figure(
+    rows: &[Row],
+    workload: Workload,
+    library: Library,
+    params: Params,
+    metric: Metric,
+) -> Option<f64> {
+    find(rows, workload, library, params).and_then(|r| r.get(metric))
+}
+
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram bounds")
+}
+
+/// Whole microseconds, at least 1 (the histogram's lowest value).
+pub fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).max(1)
+}
+
+/// What one bench task counted: its cycles (or granted sections) and latencies in µs.
+pub struct Tally {
+    pub count: u64,
+    /// Acquire latency (uncontended) or a contender's wait (contended, hot lock).
+    pub acquire: Histogram<u64>,
+    pub release: Histogram<u64>,
+    /// From a holder's release call to the next holder's grant.
+    pub handoff: Histogram<u64>,
+    /// How long the lock was held.
+    pub section: Histogram<u64>,
+    /// Releases that reported an error.
+    pub failed_releases: u64,
+}
+
+impl Default for Tally {
+    fn default() -> Tally {
+        Tally::new()
+    }
+}
+
+impl Tally {
+    pub fn new() -> Tally {
+        Tally {
+            count: 0,
+            acquire: histogram(),
+            release: histogram(),
+            handoff: histogram(),
+            section: histogram(),
+            failed_releases: 0,
+        }
+    }
+
+    pub fn merge(&mut self, other: Tally) {
+        self.count += other.count;
+        self.acquire.add(other.acquire).expect("merge histograms");
+        self.release.add(other.release).expect("merge histograms");
+        self.handoff.add(other.handoff).expect("merge histograms");
+        self.section.add(other.section).expect("merge histograms");
+        self.failed_releases += other.failed_releases;
+    }
+}

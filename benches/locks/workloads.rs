@@ -1,0 +1,132 @@
+//! The workloads: each runs its libraries and pushes its rows. Shared here: running a set of
+//! contenders under the host and Redis figures ([`run`]), and turning a run into a row.
+
+mod contended;
+mod floor;
+mod scale;
+mod uncontended;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use contended::{contended, hot_lock};
+pub use floor::{ceiling, floor};
+pub use scale::{cluster_rows, waiters_scale, watchdog_scale};
+pub use uncontended::{redlock_quorum, uncontended};
+
+use crate::host::{measured, Cost, Per};
+use crate::peers::{self, Contender, Handoff};
+use crate::rows::{Library, Metric, Params, Row, Tally, Workload};
+use crate::support::RedisServer;
+
+/// The critical section of the hot lock rows.
+pub const HOT_SECTION: Duration = Duration::from_millis(1);
+
+/// Clients (relock's `LockClient`s, the peers' managers or lockers) the hot lock's contenders are
+/// spread over.
+pub const HOT_CLIENTS: usize = 4;
+
+/// How each contender task runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Shape {
+    /// Back-to-back cycles, each task on a lock of its own.
+    Cycles,
+    /// All tasks on one lock, each holding it for the given time.
+    Contend(Duration),
+}
+
+/// A finished run: what its tasks counted, how long it took, and what it cost.
+pub struct Run {
+    library: Library,
+    tally: Tally,
+    /// Cycles: until the last task ended. Contend: the run time (only grants before it count).
+    elapsed: Duration,
+    cost: Cost,
+}
+
+/// Runs one task per contender for `run`, between snapshots of `servers` (Redis CPU and commands)
+/// and of this process's CPU.
+pub async fn run<C: Contender>(
+    servers: &[&RedisServer],
+    run: Duration,
+    contenders: Vec<C>,
+    shape: Shape,
+) -> Run {
+    let ((tally, elapsed), cost) = measured(servers, async {
+        let start = Instant::now();
+        let deadline = start + run;
+        let handoff = Handoff::new();
+        let handles: Vec<_> = contenders
+            .into_iter()
+            .map(|c| match shape {
+                Shape::Cycles => peers::spawn::<C, _>(peers::cycles(c, deadline)),
+                Shape::Contend(section) => {
+                    peers::spawn::<C, _>(peers::contend(c, deadline, section, handoff.clone()))
+                }
+            })
+            .collect();
+        let mut tally = Tally::new();
+        for handle in handles {
+            tally.merge(handle.await.expect("bench task"));
+        }
+        let elapsed = match shape {
+            Shape::Cycles => start.elapsed(),
+            Shape::Contend(_) => run,
+        };
+        (tally, elapsed)
+    })
+    .await;
+    Run {
+        library: C::LIBRARY,
+        tally,
+        elapsed,
+        cost,
+    }
+}
+
+impl Run {
+    fn rate(&self) -> f64 {
+        self.tally.count as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Adds the cost per cycle (or section) and a note of failed releases, if any.
+    fn finish(&self, row: Row, per: Per) -> Row {
+        let row = self.cost.add_to(row, self.tally.count, per);
+        match self.tally.failed_releases {
+            0 => row,
+            n => row.note(format!("{n} releases reported an error")),
+        }
+    }
+
+    /// Uncontended cycles: rate, acquire and release latency, cost per cycle.
+    pub fn cycles_row(&self, workload: Workload, params: Params) -> Row {
+        let row = Row::new(workload, self.library, params)
+            .metric(Metric::CyclesPerS, self.rate())
+            .percentiles(Metric::AcquireP50Us, Metric::AcquireP99Us, &self.tally.acquire);
+        let row = row.median(Metric::ReleaseP50Us, &self.tally.release);
+        self.finish(row, Per::Cycle)
+    }
+
+    /// An empty critical section: sections per second and handoff latency, cost per section.
+    pub fn contended_row(&self, params: Params, notes: &[&str]) -> Row {
+        let row = Row::new(Workload::Contended, self.library, params)
+            .metric(Metric::SectionsPerS, self.rate())
+            .percentiles(Metric::HandoffP50Us, Metric::HandoffP99Us, &self.tally.handoff);
+        let row = notes.iter().fold(row, |row, note| row.note(note));
+        self.finish(row, Per::Section)
+    }
+
+    /// The hot lock: sections per second (and of the ideal), the lock's idle gap between holders,
+    /// the contenders' waits, how long the section took, cost per section.
+    pub fn hot_row(&self, params: Params) -> Row {
+        let ideal = 1.0 / HOT_SECTION.as_secs_f64();
+        let row = Row::new(Workload::HotLock, self.library, params)
+            .metric(Metric::SectionsPerS, self.rate())
+            .metric(Metric::OfIdeal, self.rate() / ideal)
+            .percentiles(Metric::IdleGapP50Us, Metric::IdleGapP99Us, &self.tally.handoff)
+            .percentiles(Metric::WaitP50Us, Metric::WaitP99Us, &self.tally.acquire);
+        let row = row.median(Metric::SectionP50Us, &self.tally.section);
+        self.finish(row, Per::Section)
+    }
+}

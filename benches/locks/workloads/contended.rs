@@ -1,0 +1,149 @@
+//! Tasks contending for one lock: with an empty critical section (`contended`: measures barging,
+//! how fast a lock changes hands when nobody holds it for any time), and the hot lock as users meet
+//! it (`hot lock`: a 1 ms critical section standing in for a database write, 8 to 512 contenders
+//! over 4 clients, each peer at its default retry settings and tuned to poll tightly).
+
+use std::time::Duration;
+
+use relock::LockClient;
+
+use super::{run, Run, Shape, HOT_CLIENTS, HOT_SECTION};
+use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, Rslock};
+use crate::rows::{Library, Params, Retry, Row, Workload};
+use crate::support::{self, RedisServer};
+use crate::Mode;
+
+/// redlock's contenders are threads that open a TCP connection per call: past this many, or
+/// polling tightly, they would use up the loopback's ephemeral ports (shared with this machine's
+/// other work).
+const REDLOCK_MAX_CONTENDERS: usize = 64;
+
+/// relock: `tasks` contenders over `clients` clients on one lock.
+async fn relock_contend(
+    mode: &Mode,
+    server: &RedisServer,
+    tasks: usize,
+    clients: usize,
+    section: Duration,
+) -> Run {
+    let mut connected = Vec::new();
+    for _ in 0..clients {
+        connected.push(LockClient::connect(&server.url()).await.expect("connect"));
+    }
+    let name = support::unique_name("c");
+    let contenders = (0..tasks)
+        .map(|i| Relock(connected[i % clients].lock(&name)))
+        .collect();
+    let r = run(&[server], mode.run, contenders, Shape::Contend(section)).await;
+    for client in &connected {
+        client.shutdown().await;
+    }
+    r
+}
+
+/// The peers at `retry`: `tasks` contenders over `clients` managers (lockers) on one lock each.
+/// redlock only at its default settings and up to [`REDLOCK_MAX_CONTENDERS`].
+async fn peers_contend(
+    mode: &Mode,
+    server: &RedisServer,
+    tasks: usize,
+    clients: usize,
+    section: Duration,
+    retry: Retry,
+) -> Vec<Result<Run, (Library, &'static str)>> {
+    let urls = vec![server.url()];
+    let name = support::unique_name("c");
+    let mut runs = Vec::new();
+
+    let managers: Vec<_> = (0..clients).map(|_| rslock_manager(&urls, retry)).collect();
+    let contenders = (0..tasks)
+        .map(|i| Rslock {
+            manager: managers[i % clients].clone(),
+            key: format!("{name}:r"),
+        })
+        .collect();
+    runs.push(Ok(
+        run(&[server], mode.run, contenders, Shape::Contend(section)).await
+    ));
+
+    let mut lockers = Vec::new();
+    for _ in 0..clients {
+        lockers.push(
+            async_redis_lock::Locker::from_redis_url(&urls[0])
+                .await
+                .expect("async-redis-lock"),
+        );
+    }
+    let contenders = (0..tasks)
+        .map(|i| Arl {
+            locker: lockers[i % clients].clone(),
+            key: format!("{name}:a"),
+            options: arl_options(retry),
+        })
+        .collect();
+    runs.push(Ok(
+        run(&[server], mode.run, contenders, Shape::Contend(section)).await
+    ));
+
+    if retry == Retry::Tight {
+        runs.push(Err((
+            Library::Redlock,
+            "not run: a TCP connection per try; polling tightly would use up the loopback's ports",
+        )));
+    } else if tasks > REDLOCK_MAX_CONTENDERS {
+        runs.push(Err((
+            Library::Redlock,
+            "not run: one thread and a TCP connection per try for each contender; this many exhaust ports",
+        )));
+    } else {
+        let clients: Vec<_> = (0..clients).map(|_| redlock_client(&urls)).collect();
+        let contenders = (0..tasks)
+            .map(|i| Redlock {
+                redlock: clients[i % clients.len()].clone(),
+                key: format!("{name}:s").into_bytes(),
+            })
+            .collect();
+        runs.push(Ok(
+            run(&[server], mode.run, contenders, Shape::Contend(section)).await
+        ));
+    }
+    runs
+}
+
+/// Empty critical section, 2, 8 and 32 tasks over 2 clients: measures barging.
+pub async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    const NOTE: &str = "empty critical section: measures barging";
+    for tasks in [2usize, 8, 32] {
+        let params = Params::Tasks(tasks);
+        let r = relock_contend(mode, server, tasks, 2, Duration::ZERO).await;
+        rows.push(r.contended_row(params, &[NOTE]));
+        for r in peers_contend(mode, server, tasks, 2, Duration::ZERO, Retry::Default).await {
+            rows.push(match r {
+                Ok(r) => r.contended_row(params, &[NOTE, "polls"]),
+                Err((library, why)) => Row::new(Workload::Contended, library, params).note(why),
+            });
+        }
+    }
+}
+
+/// One hot lock, a 1 ms critical section, 8, 64 and 512 contenders over 4 clients; each peer at its
+/// default retry settings and polling tightly.
+pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    for contenders in [8usize, 64, 512] {
+        let params = |retry| Params::Hot {
+            contenders,
+            clients: HOT_CLIENTS,
+            retry,
+        };
+        let r = relock_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION).await;
+        rows.push(r.hot_row(params(Retry::Waits)));
+        for retry in [Retry::Default, Retry::Tight] {
+            for r in peers_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION, retry).await {
+                rows.push(match r {
+                    Ok(r) => r.hot_row(params(retry)),
+                    Err((library, why)) => Row::new(Workload::HotLock, library, params(retry)).note(why),
+                });
+            }
+        }
+    }
+}
