@@ -11,12 +11,15 @@
 --
 -- Returns {1, previous count of this owner (0 if none), token} when granted,
 --         {0, remaining ttl in ms} when another owner holds the lock.
--- A lock or fence of another type fails (WRONGTYPE) before anything is written: both are read first.
+-- A lock or fence of another type fails (WRONGTYPE) before anything is written: the lock is read, and
+-- the fence read or swapped (a SET ... GET on another type fails without writing), before any write.
 local function acquire(lock, fence, owner, lease, target, in_step)
-  -- A free lock (the common case) needs no look at its fields: one EXISTS instead of HGET and HKEYS.
+  -- A free lock (the common case) needs no look at its fields: one PTTL (-2: no such key) instead
+  -- of HGET and HKEYS; a refusal reports the same PTTL.
   local prev = false
   local ended = {}
-  if redis.call('EXISTS', lock) == 1 then
+  local ttl = redis.call('PTTL', lock)
+  if ttl ~= -2 then
     prev = redis.call('HGET', lock, owner)
     if not prev then
       -- Another field is another owner's hold, or an ended generation of this owner (its field
@@ -28,27 +31,22 @@ local function acquire(lock, fence, owner, lease, target, in_step)
         if mine and string.sub(field, 1, #mine) == mine then
           ended[#ended + 1] = field
         else
-          return {0, redis.call('PTTL', lock)}
+          return {0, ttl}
         end
       end
     end
   end
-  local stored = redis.call('GET', fence)
-  local counter = tonumber(stored or '0')
-
-  if #ended > 0 then
-    redis.call('HDEL', lock, unpack(ended))
-  end
-  redis.call('HSET', lock, owner, target)
-  redis.call('PEXPIRE', lock, lease)
-
+  -- The fence is read (or written) before the lock is, so that a fence of another type fails the
+  -- call before anything is written.
   local token
   if target == 1 then
     -- The next token is above the counter and never below the server's clock in microseconds. The
     -- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
     -- without persistence, or a replica promoted before it received them (asynchronous replication).
     -- It holds as long as this server's clock is not behind the one that drew the last token (the
-    -- old primary's, after a failover) by more than the time since.
+    -- old primary's, after a failover) by more than the time since. The clock is nearly always
+    -- ahead of the counter, so the token is written first and the counter read back in the same
+    -- command; a counter ahead of the clock is then written again above it.
     --
     -- A master of a quorum (in_step) keeps its counter in step with the others instead: its floor
     -- is the start of the current second, not the microsecond, unless its counter is missing (a
@@ -58,14 +56,28 @@ local function acquire(lock, fence, owner, lease, target, in_step)
     -- increments while present (a promoted replica) is covered from the next second on; within
     -- the same second, the quorum's restart quarantine keeps such a master out.
     local t = redis.call('TIME')
-    local now = tonumber(t[1]) * 1000000
-    if not (in_step and stored) then
-      now = now + tonumber(t[2])
+    local second = tonumber(t[1]) * 1000000
+    local now = second + tonumber(t[2])
+    if in_step then
+      local stored = redis.call('GET', fence)
+      token = math.max(tonumber(stored or '0') + 1, stored and second or now)
+      redis.call('SET', fence, string.format('%.0f', token))
+    else
+      local counter = tonumber(redis.call('SET', fence, string.format('%.0f', now), 'GET') or '0')
+      token = now
+      if counter >= now then
+        token = counter + 1
+        redis.call('SET', fence, string.format('%.0f', token))
+      end
     end
-    token = math.max(counter + 1, now)
-    redis.call('SET', fence, string.format('%.0f', token))
   else
-    token = counter
+    token = tonumber(redis.call('GET', fence) or '0')
   end
+
+  if #ended > 0 then
+    redis.call('HDEL', lock, unpack(ended))
+  end
+  redis.call('HSET', lock, owner, target)
+  redis.call('PEXPIRE', lock, lease)
   return {1, tonumber(prev or '0'), token}
 end

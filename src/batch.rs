@@ -1,7 +1,7 @@
-//! Coalescing: the acquisitions and releases queued for one node while its previous call is in
+//! Coalescing: the acquisitions and releases queued for one node while its earlier calls are in
 //! flight go to Redis together, in one call of the batch script, so that load costs the server one
 //! script call (and the client one command) per batch instead of one per operation. A lone operation
-//! is sent at once: it never waits for company.
+//! is sent at once, from its caller's task: it never waits for company.
 //!
 //! A few rounds may be in flight per node; each is handed to the connection as it is made, so
 //! operations reach the server in the order they were queued (an undo always runs after the grant
@@ -9,8 +9,8 @@
 //! sent at once; the operations of one lock share a slot, so their order holds.
 //!
 //! With synced writes (`sync_replicas`), a round's calls go on the node's synced connection,
-//! followed by one `WAIT` per primary they reached (see `NodeClient::call_many`). Acquisitions that too few replicas acknowledged are undone on that connection before
-//! their callers hear [`Error::ReplicaSync`]; releases need no acknowledgement (a replica that
+//! followed by one `WAIT` per primary they reached (see `NodeClient::call_many`). Acquisitions that
+//! too few replicas acknowledged are undone on that connection before their callers hear [`Error::ReplicaSync`]; releases need no acknowledgement (a replica that
 //! still has a lock only makes it safer).
 
 use std::collections::VecDeque;
@@ -27,10 +27,13 @@ use crate::Error;
 
 /// The most operations in one call: bounds the time one call blocks the server.
 const MAX_BATCH: usize = 256;
-/// The most rounds in flight per node: operations queue (and coalesce) only behind these. Enough
-/// that a few dozen tasks each find a slot (4 made 16 tasks wait on each other: 35 % fewer cycles
-/// in the bench), few enough that heavy load coalesces into a handful of calls.
+/// The most rounds in flight per node: queued operations wait (and coalesce) only behind these.
 const MAX_IN_FLIGHT: usize = 16;
+/// Below this many rounds in flight, an operation with nothing queued ahead of it goes directly.
+/// Above it, operations queue for the batcher task, which lets the tasks that are ready add theirs
+/// before it sends: under load, several operations per call (with 16 tasks, 8.6 Redis commands per
+/// cycle instead of 10, and 11 % less Redis CPU, than with 16 direct rounds).
+const DIRECT_MAX: usize = 4;
 
 /// One operation of the batch script (see `scripts/batch.lua`).
 pub(crate) enum Op {
@@ -57,10 +60,10 @@ type Reply = oneshot::Sender<Result<Vec<i64>, Error>>;
 
 /// A node's batcher: the operations' way to Redis.
 ///
-/// An operation that finds fewer than [`MAX_IN_FLIGHT`] rounds in flight and nothing queued runs
-/// as a round of one in the caller's own task (no hop to another task and back: the common case
-/// under light load). Otherwise it queues for the batcher task, which sends what queued as one
-/// round as soon as a round slot is free.
+/// An operation that finds fewer than [`DIRECT_MAX`] rounds in flight and nothing queued runs as a
+/// round of one in the caller's own task (no hop to another task and back: the common case under
+/// light load). Otherwise it queues for the batcher task, which sends what queued as one round as
+/// soon as a round slot is free (at most [`MAX_IN_FLIGHT`]).
 pub(crate) struct Batcher {
     tx: mpsc::UnboundedSender<(Op, Reply)>,
     link: Arc<NodeClient>,
@@ -113,7 +116,7 @@ impl Batcher {
         let (reply, rx) = oneshot::channel();
         let direct = {
             let mut counts = self.load.counts.lock();
-            let direct = counts.in_flight < MAX_IN_FLIGHT && counts.queued == 0;
+            let direct = counts.in_flight < DIRECT_MAX && counts.queued == 0;
             if direct {
                 counts.in_flight += 1;
             } else {
@@ -148,6 +151,11 @@ async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>
                 load.counts.lock().in_flight -= 1;
             }
             () = load.freed.notified(), if !queue.is_empty() => {}
+        }
+        if !queue.is_empty() {
+            // Let the tasks that are ready now queue their operations too, so that they go in this
+            // round rather than in one call each.
+            tokio::task::yield_now().await;
         }
         while let Ok(op) = rx.try_recv() {
             queue.push_back(op);

@@ -216,6 +216,27 @@ async fn foreign_release_is_not_held() {
     assert!(!b.lock(&name).force_unlock().await.unwrap());
 }
 
+/// A counter ahead of the server's clock (drawn by a server whose clock ran ahead, say) still
+/// bounds the next token from below: the clock is not the token when it is behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_counter_ahead_of_the_clock_is_exceeded() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let name = unique_name("ahead");
+    let ahead: u64 = 9_000_000_000_000_000; // the year 2255 in microseconds
+    let fence = format!("{}:fence", lock_key(&name));
+    server.cmd(&["SET", &fence, &ahead.to_string()]);
+    for i in 1..=3 {
+        let guard = client.lock(&name).acquire().await.unwrap();
+        assert_eq!(guard.fencing_token(), ahead + i);
+        assert_eq!(
+            server.cmd(&["GET", &fence]).as_str(),
+            Some((ahead + i).to_string().as_str())
+        );
+        guard.release().await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_holders_and_a_wiped_server() {
     let mut server = RedisServer::start();
