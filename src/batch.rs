@@ -15,11 +15,13 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use fred::types::{Key, Value};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::link::NodeClient;
 use crate::scripts::scripts;
@@ -27,6 +29,9 @@ use crate::Error;
 
 /// The most operations in one call: bounds the time one call blocks the server.
 const MAX_BATCH: usize = 256;
+/// How much longer than a request's bound the batcher gives one of its rounds: its callers, whose
+/// bounds started earlier, give up first.
+const ROUND_MARGIN: Duration = Duration::from_millis(20);
 /// The most rounds in flight per node: queued operations wait (and coalesce) only behind these.
 const MAX_IN_FLIGHT: usize = 16;
 /// Below this many rounds in flight, an operation with nothing queued ahead of it goes directly.
@@ -176,7 +181,13 @@ async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>
                 counts.queued -= batch.len();
                 batch
             };
-            let mut call = Box::pin(round(link.clone(), batch));
+            // Bounded here too (its callers' own bounds drop only their waiting), so that a round
+            // that is never answered frees its slot.
+            let deadline = Instant::now() + link.bound() + ROUND_MARGIN;
+            let link = link.clone();
+            let mut call = Box::pin(async move {
+                link.deadlines.within(deadline, round(link.clone(), batch)).await;
+            });
             // Polled once here, in queue order: that hands the command to the connection, so
             // batches reach the server in the order their operations were queued.
             if futures::poll!(call.as_mut()).is_pending() {

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::LockConfig;
+use crate::deadline::Deadlines;
 use crate::hold::{next_generation, Grant, Holds, Job, LeaseMode, Resync};
 use crate::keys::LockKeys;
 use crate::quorum::{self, Masters, Round};
@@ -32,6 +33,8 @@ pub(crate) struct Core {
     pub(crate) holds: Holds,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
+    /// The bounds of attempts (see `deadline.rs`).
+    deadlines: Deadlines,
     /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
     /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
     /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
@@ -72,6 +75,7 @@ impl Core {
             holds: Holds::default(),
             jobs,
             watchdog_kick: Arc::new(Notify::new()),
+            deadlines: Deadlines::start(),
             watchdog_wake: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             closed: AtomicBool::new(false),
@@ -139,9 +143,11 @@ impl Core {
         }
         loop {
             let (hold, _ops) = match until {
-                Some(until) => tokio::time::timeout_at(until, self.holds.lock_hold(keys, owner))
+                Some(until) => self
+                    .deadlines
+                    .within(until, self.holds.lock_hold(keys, owner))
                     .await
-                    .map_err(|_| Error::Timeout(Duration::ZERO))?,
+                    .ok_or(Error::Timeout(Duration::ZERO))?,
                 None => self.holds.lock_hold(keys, owner).await,
             };
             let start = Instant::now();
@@ -179,9 +185,11 @@ impl Core {
             };
             let voters = self.masters.voters(self.quarantine());
             let round = quorum::acquire(&self.masters, &voters, keys, &field, lease, target);
-            let round = tokio::time::timeout_at(bound, round)
+            let round = self
+                .deadlines
+                .within(bound, round)
                 .await
-                .unwrap_or_else(|_| Err(Error::Timeout(bound - start)));
+                .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
             if !matches!(round, Err(_) | Ok(Round::Refused { stragglers: true, .. })) {
                 undo.resync = None;
             }

@@ -55,6 +55,7 @@ mod batch;
 mod client;
 mod config;
 mod core;
+mod deadline;
 mod error;
 mod guard;
 mod hold;

@@ -12,6 +12,7 @@ use fred::interfaces::ClientLike;
 use fred::types::config::{Options, Server};
 use fred::types::{Key, Value};
 
+use crate::deadline::Deadlines;
 use crate::scripts::Script;
 use crate::topology::{self, Topology};
 use crate::Error;
@@ -37,10 +38,16 @@ impl SyncReplicas {
 /// routes them. Every script call relock makes goes through [`NodeClient::call_many`] (or `call_unwaited`).
 pub(crate) struct NodeClient {
     pub(crate) client: Client,
-    /// The command client with relock's per-command options: every request to this node is bounded
-    /// here, by fred's own timeout (so that a timed-out command is also never sent late), and made
+    /// The command client with relock's per-command options: every direct request (not the batch
+    /// script's) to this node is bounded here, by fred's own timeout (so that a timed-out command
+    /// is also never sent late), and made
     /// once (never resent by fred).
     pub(crate) cmd: WithOptions<Client>,
+    /// The command client without fred's per-command timer, for the batch script's calls: those
+    /// are bounded by [`deadlines`](NodeClient::deadlines) instead (see `deadline.rs` for why).
+    pub(crate) batch: WithOptions<Client>,
+    /// The bounds of batched operations and of the batcher's rounds.
+    pub(crate) deadlines: Deadlines,
     pub(crate) options: Options,
     /// The bound of one request.
     pub(crate) timeout: Duration,
@@ -58,7 +65,8 @@ pub(crate) struct Reply<R> {
 
 impl NodeClient {
     /// Runs `script` once per call, all at once and sent in order (see [`Script::run`]; each call's
-    /// keys are in one slot). With synced writes the calls go on the synced connection, followed
+    /// keys are in one slot). The caller bounds it (the calls carry no timer of their own, but for
+    /// synced writes). With synced writes the calls go on the synced connection, followed
     /// there by one `WAIT` per primary they reached, sent after every call: a `WAIT` covers every
     /// earlier write of its connection, so a round over many slots waits once per primary, not once
     /// per slot. On a cluster each call and its `WAIT` are pinned to the primary the synced
@@ -73,7 +81,7 @@ impl NodeClient {
             let runs: Vec<_> = calls
                 .into_iter()
                 .map(|(keys, args)| async move {
-                    let value = script.run(&self.cmd, keys, args).await?;
+                    let value = script.run(&self.batch, keys, args).await?;
                     Ok(Reply { value, acked: None })
                 })
                 .collect();

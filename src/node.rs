@@ -14,6 +14,7 @@ use fred::types::config::Options;
 use fred::types::{Key, Value};
 
 use crate::batch::{Batcher, Op};
+use crate::deadline::Deadlines;
 use crate::keys::LockKeys;
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
 use crate::scripts::{not_run, scripts, Script};
@@ -179,8 +180,14 @@ impl Node {
         let sync = sync
             .filter(|s| s.replicas > 0)
             .map(|s| (client.clone_new().with_options(&options), s));
+        let untimed = Options {
+            timeout: Some(Duration::ZERO),
+            ..options.clone()
+        };
         let link = Arc::new(NodeClient {
             cmd: client.with_options(&options),
+            batch: client.with_options(&untimed),
+            deadlines: Deadlines::start(),
             client,
             options,
             timeout,
@@ -408,10 +415,10 @@ impl Node {
         // Bounded as a whole, the wait for a free call slot included; an operation whose caller
         // left is never sent (see the batcher).
         let bound = self.link.bound();
-        match tokio::time::timeout(bound, run).await {
-            Ok(Err(Error::Redis(err))) => Err(self.link.redis_error(err)),
-            Ok(outcome) => outcome,
-            Err(_) => Err(Error::Timeout(bound)),
+        match self.link.deadlines.within(Instant::now() + bound, run).await {
+            Some(Err(Error::Redis(err))) => Err(self.link.redis_error(err)),
+            Some(outcome) => outcome,
+            None => Err(Error::Timeout(bound)),
         }
     }
 

@@ -167,6 +167,13 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 of_ideal >= 0.9,
             ));
         }
+        if let Some(busy) = relock(h, p, Metric::Utilization) {
+            out.push(target(
+                format!("hot lock {contenders} contenders: held >= 90% of the time (sections as they ran)"),
+                format!("{:.0}%", busy * 100.0),
+                busy >= 0.9,
+            ));
+        }
         if let (Some(gap), Some(rtt)) = (relock(h, p, Metric::IdleGapP50Us), floor_rtt) {
             out.push(target(
                 format!("hot lock {contenders} contenders: idle gap p50 <= 2 round trips (floor)"),
@@ -273,7 +280,8 @@ const LEGEND: &str = "
 `used_cpu_sys + used_cpu_user` summed over the row's servers. `redis_cmds_*`: every command the \
 servers ran (`INFO commandstats`: the commands scripts call included, the bench's `INFO` calls left \
 out). Hot lock: the critical section is a 1 ms sleep on a blocking thread (`section_p50_us` as it \
-ran); `of_ideal` is sections/s over 1,000; a wait still open at the end of the run counts as long as \
+ran); `of_ideal` is sections/s over 1,000; `utilization` is sections/s times the mean section as it \
+ran, the share of the run the lock was held; a wait still open at the end of the run counts as long as \
 it was then, so a `wait_p99_us` near the run time means some contenders waited the whole run. One \
 request in flight on this 2-vCPU VM mostly waits for an idle vCPU to wake: compare the two floor rows.
 ";

@@ -124,6 +124,7 @@ impl Run {
         let row = Row::new(Workload::HotLock, self.library, params)
             .metric(Metric::SectionsPerS, self.rate())
             .metric(Metric::OfIdeal, self.rate() / ideal)
+            .metric(Metric::Utilization, self.rate() * self.tally.section.mean() / 1e6)
             .percentiles(Metric::IdleGapP50Us, Metric::IdleGapP99Us, &self.tally.handoff)
             .percentiles(Metric::WaitP50Us, Metric::WaitP99Us, &self.tally.acquire);
         let row = row.median(Metric::SectionP50Us, &self.tally.section);

@@ -1,0 +1,168 @@
+//! Bounds for requests without a timer per request.
+//!
+//! A tokio timer that becomes the runtime's earliest makes tokio wake a parked worker to re-arm
+//! its sleep. One timer per lock operation (fred's per-command timeout, relock's own bounds) did
+//! that on nearly every operation after the runtime had gone idle for a moment: on a 2-vCPU machine
+//! the hot-lock bench's handoff gap doubled (see the README's performance section).
+//!
+//! [`Deadlines`] keeps the bounds of requests in one queue and one task sleeps until the earliest;
+//! a request that runs past its deadline is dropped there. Bounds of one `Deadlines` are nearly
+//! always the same length, so deadlines arrive in order and the queue is a FIFO: registering is a
+//! push, and entries of requests that finished are popped from the front as new ones come. An
+//! entry out of order (a shorter bound) fires when the ones before it have: a few microseconds late
+//! at most between equal bounds, and never late for the shorter bounds the callers use it for
+//! (which come first, see `Deadlines::within`).
+//!
+//! The task stops when its `Deadlines` is dropped.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How long the task sleeps with nothing to watch (it is woken for anything new).
+const IDLE: Duration = Duration::from_secs(3600);
+
+/// A queue of deadlines, and the task that enforces them (see the module doc).
+pub(crate) struct Deadlines {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    state: Mutex<State>,
+    /// A deadline earlier than the task's alarm was added, or the `Deadlines` is gone.
+    wake: Notify,
+}
+
+struct State {
+    /// Deadlines in order, each with the expiry of its request (gone once the request finished).
+    queue: VecDeque<(Instant, Weak<Notify>)>,
+    /// When the task wakes next (`None`: it sleeps until woken). A later deadline needs no wake-up:
+    /// the task looks at the queue again then. So a steady stream of requests costs the task about
+    /// one wake-up per bound's length, and no timer of its own.
+    alarm: Option<Instant>,
+}
+
+impl Deadlines {
+    /// Starts the task; inside a tokio runtime.
+    pub(crate) fn start() -> Deadlines {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                alarm: None,
+            }),
+            wake: Notify::new(),
+        });
+        tokio::spawn(run(Arc::downgrade(&shared)));
+        Deadlines { shared }
+    }
+
+    /// Runs `request` until `deadline`: `None` if the deadline came first (the request is dropped).
+    pub(crate) async fn within<F: Future>(&self, deadline: Instant, request: F) -> Option<F::Output> {
+        let expiry = Arc::new(Notify::new());
+        {
+            let mut state = self.shared.state.lock();
+            let queue = &mut state.queue;
+            // Requests mostly finish in the order they started: drop the finished ones in front.
+            while queue.front().is_some_and(|(_, e)| e.strong_count() == 0) {
+                queue.pop_front();
+            }
+            queue.push_back((deadline, Arc::downgrade(&expiry)));
+            // A shorter bound than those before it: moved forward to its place, to fire on time.
+            let mut i = queue.len() - 1;
+            while i > 0 && queue[i - 1].0 > deadline {
+                queue.swap(i - 1, i);
+                i -= 1;
+            }
+            if state.alarm.is_none_or(|alarm| deadline < alarm) {
+                state.alarm = Some(deadline);
+                self.shared.wake.notify_one();
+            }
+        }
+        tokio::select! {
+            biased;
+            output = request => Some(output),
+            () = expiry.notified() => None,
+        }
+    }
+}
+
+impl Drop for Deadlines {
+    fn drop(&mut self) {
+        self.shared.wake.notify_one();
+    }
+}
+
+/// The task: fires what is due, then sleeps until the earliest deadline left or a wake-up. It
+/// holds the shared state only while awake, so it ends once the `Deadlines` is dropped.
+async fn run(shared: Weak<Shared>) {
+    loop {
+        let Some(strong) = shared.upgrade() else { return };
+        let now = Instant::now();
+        let alarm = {
+            let mut state = strong.state.lock();
+            while let Some((at, expiry)) = state.queue.front() {
+                if *at > now && expiry.strong_count() > 0 {
+                    break;
+                }
+                if *at <= now {
+                    if let Some(expiry) = expiry.upgrade() {
+                        expiry.notify_one();
+                    }
+                }
+                state.queue.pop_front();
+            }
+            state.alarm = state.queue.front().map(|(at, _)| *at);
+            state.alarm
+        };
+        let woken = async { strong.wake.notified().await };
+        tokio::select! {
+            () = woken => {}
+            () = tokio::time::sleep_until(alarm.unwrap_or(now + IDLE)) => {}
+        }
+        drop(strong);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn requests_past_their_deadline_are_dropped_in_deadline_order() {
+        let deadlines = Deadlines::start();
+        let start = Instant::now();
+        let forever = std::future::pending::<()>;
+        let long = deadlines.within(start + Duration::from_secs(2), forever());
+        let short = deadlines.within(start + Duration::from_millis(500), forever());
+        let done = deadlines.within(start + Duration::from_millis(100), async { 7 });
+        assert_eq!(done.await, Some(7));
+        // The shorter bound, registered after the longer one, still fires on time.
+        let (long, short) = tokio::join!(
+            async {
+                long.await;
+                start.elapsed()
+            },
+            async {
+                short.await;
+                start.elapsed()
+            }
+        );
+        assert_eq!(short, Duration::from_millis(500));
+        assert_eq!(long, Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_that_finishes_in_time_is_not_cut() {
+        let deadlines = Deadlines::start();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let slow = tokio::time::sleep(Duration::from_millis(999));
+        assert_eq!(deadlines.within(deadline, slow).await, Some(()));
+        let late = tokio::time::sleep(Duration::from_millis(1001));
+        assert_eq!(deadlines.within(deadline, late).await, None);
+    }
+}
