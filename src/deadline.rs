@@ -17,9 +17,12 @@
 
 use std::collections::VecDeque;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
+use futures::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -40,7 +43,7 @@ struct Shared {
 
 struct State {
     /// Deadlines in order, each with the expiry of its request (gone once the request finished).
-    queue: VecDeque<(Instant, Weak<Notify>)>,
+    queue: VecDeque<(Instant, Weak<Expiry>)>,
     /// When the task wakes next (`None`: it sleeps until woken). A later deadline needs no wake-up:
     /// the task looks at the queue again then. So a steady stream of requests costs the task about
     /// one wake-up per bound's length, and no timer of its own.
@@ -63,7 +66,7 @@ impl Deadlines {
 
     /// Runs `request` until `deadline`: `None` if the deadline came first (the request is dropped).
     pub(crate) async fn within<F: Future>(&self, deadline: Instant, request: F) -> Option<F::Output> {
-        let expiry = Arc::new(Notify::new());
+        let expiry = Arc::new(Expiry::default());
         {
             let mut state = self.shared.state.lock();
             let queue = &mut state.queue;
@@ -83,11 +86,32 @@ impl Deadlines {
                 self.shared.wake.notify_one();
             }
         }
-        tokio::select! {
-            biased;
-            output = request => Some(output),
-            () = expiry.notified() => None,
-        }
+        let mut request = std::pin::pin!(request);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(output) = request.as_mut().poll(cx) {
+                return Poll::Ready(Some(output));
+            }
+            expiry.waker.register(cx.waker());
+            if expiry.fired.load(Ordering::Acquire) {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// The expiry of one request: set and woken by the task at its deadline.
+#[derive(Default)]
+struct Expiry {
+    fired: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Expiry {
+    fn fire(&self) {
+        self.fired.store(true, Ordering::Release);
+        self.waker.wake();
     }
 }
 
@@ -111,7 +135,7 @@ async fn run(shared: Weak<Shared>) {
                 }
                 if *at <= now {
                     if let Some(expiry) = expiry.upgrade() {
-                        expiry.notify_one();
+                        expiry.fire();
                     }
                 }
                 state.queue.pop_front();
