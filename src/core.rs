@@ -176,12 +176,7 @@ impl Core {
             // background, after this round's commands on every connection.
             let mut undo = UndoOnDrop {
                 core: self,
-                resync: Some(Resync {
-                    keys: keys.clone(),
-                    owner: owner.clone(),
-                    field: field.clone(),
-                    gen,
-                }),
+                resync: Some(hold.resync(&field, gen)),
             };
             let voters = self.masters.voters(self.quarantine());
             let round = quorum::acquire(&self.masters, &voters, keys, &field, lease, target);

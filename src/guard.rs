@@ -8,7 +8,7 @@ use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use crate::core::{Core, UndoOnDrop};
-use crate::hold::{Grant, Hold, Job, Resync};
+use crate::hold::{Grant, Hold, Job};
 use crate::releaser::release_now;
 use crate::Error;
 
@@ -136,12 +136,7 @@ impl LockGuard {
         // Dropped part way, the release's outcome is unknown: the releaser brings Redis in line.
         let mut undo = UndoOnDrop {
             core: &self.core,
-            resync: Some(Resync {
-                keys: self.hold.keys.clone(),
-                owner: self.hold.owner.clone(),
-                field: self.field.clone(),
-                gen: self.gen,
-            }),
+            resync: Some(self.hold.resync(&self.field, self.gen)),
         };
         let result = release_now(&self.core, &self.hold, self.gen, &self.field, was_lost, ops).await;
         undo.resync = None;

@@ -83,6 +83,16 @@ impl Hold {
         }
     }
 
+    /// What brings generation `gen` (Redis field `field`) of this hold back in line.
+    pub(crate) fn resync(&self, field: &Arc<str>, gen: u64) -> Resync {
+        Resync {
+            keys: self.keys.clone(),
+            owner: self.owner.clone(),
+            field: field.clone(),
+            gen,
+        }
+    }
+
     /// Takes one level off generation `gen`, synchronously, as a guard goes: the same owner's next
     /// acquisition sees the lower count at once, as after a synchronous unlock. `None` if the
     /// guard's generation is over; else whether its lease was lost. Redis follows in

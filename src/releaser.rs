@@ -54,8 +54,9 @@ async fn run_job(core: Arc<Core>, job: Job) {
     }
 }
 
-/// Releases one level of a hold (see [`release`]) in the caller's task: an awaited release needs no
-/// hop to the releaser. Masters that did not answer are left to the releaser, which retries them.
+/// Brings Redis to the hold's count after a guard of generation `gen` went (see
+/// [`Hold::drop_level`]). Runs in the caller's task when the release is awaited (no hop to the
+/// releaser); masters that did not answer are left to the releaser, which retries them.
 ///
 /// Cancelling it part way leaves the release's outcome unknown: the caller then queues a
 /// [`Job::Resync`] (see `core::UndoOnDrop`).
@@ -67,30 +68,6 @@ pub(crate) async fn release_now(
     was_lost: bool,
     ops: Option<OwnedMutexGuard<()>>,
 ) -> Result<(), Error> {
-    let (result, silent) = release(core, hold, gen, field, was_lost, ops).await;
-    if !silent.is_empty() {
-        // The release may or may not have landed there: bring them in line once they answer.
-        let resync = Resync {
-            keys: hold.keys.clone(),
-            owner: hold.owner.clone(),
-            field: field.clone(),
-            gen,
-        };
-        core.enqueue(Job::Resync { resync, on: silent });
-    }
-    result
-}
-
-/// Brings Redis to the hold's count after a guard of generation `gen` went (see
-/// [`Hold::drop_level`]); also returns the masters that did not answer, for a retry.
-async fn release(
-    core: &Arc<Core>,
-    hold: &Arc<Hold>,
-    gen: u64,
-    field: &Arc<str>,
-    was_lost: bool,
-    ops: Option<OwnedMutexGuard<()>>,
-) -> (Result<(), Error>, Vec<usize>) {
     let _ops = match ops {
         Some(ops) => ops,
         None => hold.ops.clone().lock_owned().await,
@@ -105,11 +82,18 @@ async fn release(
         // behind it on this hold rather than race it from a new one.
         core.holds.retire_if_idle(hold);
     }
-    let silent = outcome.silent.clone();
-    if was_lost {
-        return (Err(Error::NotHeld), silent);
+    if !outcome.silent.is_empty() {
+        // The release may or may not have landed there: bring them in line once they answer.
+        let on = outcome.silent.clone();
+        core.enqueue(Job::Resync {
+            resync: hold.resync(field, gen),
+            on,
+        });
     }
-    let result = match outcome.outcome(&core.masters) {
+    if was_lost {
+        return Err(Error::NotHeld);
+    }
+    match outcome.outcome(&core.masters) {
         Ok(true) => {
             tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
             Ok(())
@@ -124,8 +108,7 @@ async fn release(
             tracing::warn!(lock = %hold.keys.name, %err, "release not confirmed; retrying in the background");
             Err(err)
         }
-    };
-    (result, silent)
+    }
 }
 
 /// One try at setting generation `resync.gen` of a hold to its local count (0 if it is not the

@@ -235,7 +235,8 @@ fn command_on(port: u16, password: Option<&str>, args: &[&str], timeout: Duratio
     read_reply(&mut reader)
 }
 
-fn encode(args: &[&str]) -> Vec<u8> {
+/// `args` as a RESP request.
+pub fn encode(args: &[&str]) -> Vec<u8> {
     let mut out = format!("*{}\r\n", args.len()).into_bytes();
     for arg in args {
         out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());

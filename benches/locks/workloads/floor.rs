@@ -50,17 +50,6 @@ fn release_args<'a>(sha: &'a str, key: &'a str, owner: &'a str, channel: &'a str
     vec!["EVALSHA", sha, "1", key, "1", "PUBLISH", "r", owner, "0", channel]
 }
 
-/// `args` as a RESP request.
-fn resp(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
 /// Where the RESP reply starting at `at` ends, if `buf` holds all of it.
 fn reply_end(buf: &[u8], at: usize) -> Option<usize> {
     let line = at + buf.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
@@ -143,8 +132,8 @@ impl Transport {
 async fn floor_cycles(mode: &Mode, server: &RedisServer, sha: &str, mut transport: Transport) -> Row {
     let (key, fence) = ("relock:{floor}", "relock:{floor}:fence");
     let (owner, channel) = ("floor-owner:1", "relock:{floor}:released");
-    let acquire: Arc<[u8]> = resp(&acquire_args(sha, key, fence, owner)).into();
-    let release: Arc<[u8]> = resp(&release_args(sha, key, owner, channel)).into();
+    let acquire: Arc<[u8]> = crate::support::encode(&acquire_args(sha, key, fence, owner)).into();
+    let release: Arc<[u8]> = crate::support::encode(&release_args(sha, key, owner, channel)).into();
     let (mut rtt, mut acquire_rtt) = (histogram(), histogram());
     let ((cycles, elapsed), cost) = measured(&[server], async {
         let start = Instant::now();
