@@ -129,8 +129,9 @@ impl Core {
     ///
     /// Bounded: the wait for the same owner's operation in flight on this hold by `until` (the
     /// caller's bound, if any; that operation has its own bound), and each round by
-    /// [`attempt_bound`](Masters::attempt_bound) and `until`, whichever comes first. A round cut short
-    /// is undone in the background.
+    /// [`attempt_bound`](Masters::attempt_bound) and `until`, whichever comes first (one master's
+    /// round, with no `until`, by its node's bound on the request, which is the same length). A
+    /// round cut short is undone in the background.
     pub(crate) async fn attempt(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
