@@ -33,6 +33,10 @@ impl RedisCluster {
                     "no",
                     "--cluster-allow-replica-migration",
                     "no",
+                    // A replica is always eligible for failover, however long ago it last heard
+                    // from its primary (the tests pause and kill nodes on a loaded machine).
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ])
             })
             .collect();
@@ -219,18 +223,32 @@ impl RedisCluster {
         new
     }
 
-    /// Kills the primary serving `slot` and waits until one of its replicas serves it.
+    /// Kills the primary serving `slot` and waits until one of its replicas serves it. If no
+    /// replica has won an election within 15 s (the machine is loaded: the votes come late), one
+    /// is told to take over (`CLUSTER FAILOVER TAKEOVER`), which needs no votes.
     pub fn fail_over(&mut self, slot: u16) -> u16 {
-        let port = self.primary_of_slot(slot).port();
+        let primary = self.primary_of_slot(slot);
+        let port = primary.port();
+        let replicas: Vec<u16> = self.replicas_of(primary).iter().map(|r| r.port()).collect();
         let node = self.nodes.iter_mut().find(|n| n.port() == port).expect("node");
         node.kill();
-        self.wait_until(Duration::from_secs(30), "failed over", |c| {
+        let moved = |c: &RedisCluster| {
             c.live().next().is_some_and(|live| {
                 c.slot_map_of(live)
                     .iter()
                     .any(|(a, b, p)| (*a..=*b).contains(&i64::from(slot)) && *p != i64::from(port))
             })
-        });
+        };
+        let elected = Instant::now() + Duration::from_secs(15);
+        while !moved(self) && Instant::now() < elected {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if !moved(self) {
+            if let Some(replica) = self.nodes.iter().find(|n| replicas.contains(&n.port())) {
+                let _ = replica.try_cmd(&["CLUSTER", "FAILOVER", "TAKEOVER"]);
+            }
+        }
+        self.wait_until(Duration::from_secs(30), "failed over", moved);
         self.primary_of_slot(slot).port()
     }
 
