@@ -7,11 +7,10 @@
 //!
 //! [`Deadlines`] keeps the bounds of requests in one queue and one task sleeps until the earliest;
 //! a request that runs past its deadline is dropped there. Bounds of one `Deadlines` are nearly
-//! always the same length, so deadlines arrive in order and the queue is a FIFO: registering is a
-//! push, and entries of requests that finished are popped from the front as new ones come. An
-//! entry out of order (a shorter bound) fires when the ones before it have: a few microseconds late
-//! at most between equal bounds, and never late for the shorter bounds the callers use it for
-//! (which come first, see `Deadlines::within`).
+//! always the same length, so deadlines arrive in order and the queue is kept sorted cheaply:
+//! registering is a push (a shorter bound is moved forward to its place), and entries of requests
+//! that finished are popped from the front as new ones come. The task wakes only when the earliest
+//! deadline comes, or when a new one is earlier than its alarm.
 //!
 //! The task stops when its `Deadlines` is dropped.
 
