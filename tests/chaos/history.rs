@@ -531,8 +531,25 @@ fn check_liveness(events: &[Event], harness: &Harness, report: &mut Report) {
                     report.worst_regrant_ms = report.worst_regrant_ms.max(ms);
                     if t - crash.t > harness.liveness_ns {
                         report.liveness_misses += 1;
+                        // What the others met on that item meanwhile says why.
+                        let mut met = BTreeMap::<String, u32>::new();
+                        for e in events
+                            .iter()
+                            .filter(|e| e.item == *item && e.t > crash.t && e.t < t)
+                        {
+                            let kind = match &e.kind {
+                                Kind::Error(why) => format!("err {why}"),
+                                Kind::Busy => "busy".into(),
+                                other => format!("{other:?}")
+                                    .split([' ', '('])
+                                    .next()
+                                    .unwrap_or("?")
+                                    .into(),
+                            };
+                            *met.entry(kind).or_default() += 1;
+                        }
                         report.example(format!(
-                            "item {item}: granted {ms} ms after worker {} crashed",
+                            "item {item}: granted {ms} ms after worker {} crashed (meanwhile on it: {met:?})",
                             crash.worker
                         ));
                     }

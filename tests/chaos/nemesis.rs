@@ -1,10 +1,10 @@
 //! The nemesis: faults drawn on a seeded schedule, one at a time, each healed before the next.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::cluster::{signal, Cluster, Phase};
-use crate::history::{now_ns, Crash, Harness};
+use crate::history::{now_ns, Crash, Harness, Kind};
 use crate::{Rng, Topology};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -99,6 +99,7 @@ impl Nemesis {
     /// Injects faults until `until` (nanoseconds on the run's clock), recording what the checker
     /// needs in `harness`.
     pub async fn run(&mut self, cluster: &mut Cluster, harness: &mut Harness, until: u64) {
+        let mut healed = now_ns();
         while now_ns() < until {
             let gap = self
                 .rng
@@ -106,9 +107,15 @@ impl Nemesis {
             tokio::time::sleep(gap).await;
             let menu = Fault::menu(cluster.topology);
             let fault = menu[self.rng.below(menu.len() as u64) as usize];
+            if matches!(fault, Fault::KillHolder | Fault::StopHolder) {
+                // A crashed holder's lock must be granted again within its lease: judge that on
+                // clients that have recovered from the last fault, not only on servers that have.
+                recovered(cluster, healed, Duration::from_secs(20)).await;
+            }
             if self.inject(fault, cluster, harness).await {
                 *self.injected.entry(fault).or_default() += 1;
             }
+            healed = now_ns();
         }
     }
 
@@ -347,6 +354,31 @@ impl Nemesis {
             let wanted = phase.is_none_or(|p| held.iter().any(|h| h.1 == p));
             (wanted && !held.is_empty()).then(|| (slot, held.iter().map(|h| h.0).collect()))
         })
+    }
+}
+
+/// Waits (at most `bound`) until every live worker, and some worker on every item, has been granted
+/// a lock since `since`: a cluster reports itself settled before its clients have found the new
+/// slot owners (on a loaded machine, seconds later).
+async fn recovered(cluster: &Cluster, since: u64, bound: Duration) {
+    let deadline = tokio::time::Instant::now() + bound;
+    while tokio::time::Instant::now() < deadline {
+        let workers: Vec<u32> = cluster.workers.iter().flatten().map(|w| w.id).collect();
+        let (mut by_worker, mut by_item) = (BTreeSet::new(), BTreeSet::new());
+        for event in cluster.events.lock().unwrap().iter().rev() {
+            // Events arrive in order per worker, nearly in order across them.
+            if event.t + 1_000_000_000 < since {
+                break;
+            }
+            if event.t > since && matches!(event.kind, Kind::Grant { .. }) {
+                by_worker.insert(event.worker);
+                by_item.insert(event.item);
+            }
+        }
+        if workers.iter().all(|w| by_worker.contains(w)) && by_item.len() == cluster.items() as usize {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
