@@ -63,6 +63,10 @@ pub enum Error {
         /// Replicas asked for.
         needed: usize,
     },
+    /// A call of [`blocking`](crate::blocking) was made from inside an async runtime, where it would
+    /// block a runtime thread (and could deadlock it): use the async API there.
+    #[error("a blocking relock call was made from inside an async runtime; use the async API there")]
+    InsideRuntime,
     /// The client was shut down.
     #[error("the lock client was shut down")]
     Shutdown,

@@ -52,6 +52,7 @@
 #![warn(missing_docs)]
 
 mod batch;
+pub mod blocking;
 mod client;
 mod config;
 mod core;
@@ -59,6 +60,7 @@ mod deadline;
 mod error;
 mod guard;
 mod hold;
+mod inspect;
 mod keys;
 mod link;
 mod lock;

@@ -1,0 +1,3 @@
+//! `relock`: an inspector for the locks relock keeps in Redis (work in progress).
+
+fn main() {}

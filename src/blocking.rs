@@ -1,0 +1,1 @@
+//! Blocking wrappers around the async API (work in progress).

@@ -1,0 +1,1 @@
+//! What is held, read from Redis, for operators (work in progress).
