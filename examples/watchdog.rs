@@ -1,5 +1,7 @@
 //! Long work keeps its lock: the watchdog renews the lease every `renew_interval`, visible in the
-//! tracing output, and the guard says at once when the lease is lost.
+//! tracing output, and the guard says at once when the lease is lost. The subscriber prints each
+//! span as it closes: `acquire` (with `waited_us`, `token`, `outcome`), every `watchdog_round`, and
+//! `release`, with the library's events nested in them.
 //!
 //! `RUST_LOG=relock=debug cargo run --example watchdog`
 //! (uses `REDIS_URL`, or starts a throwaway redis-server from PATH).
@@ -15,6 +17,7 @@ use tokio::time::Instant;
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("relock=debug")),

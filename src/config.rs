@@ -49,6 +49,7 @@ pub struct LockConfig {
     strict_eviction: bool,
     sync_replicas: usize,
     sync_timeout: Duration,
+    metrics_lock_names: bool,
 }
 
 impl Default for LockConfig {
@@ -61,6 +62,7 @@ impl Default for LockConfig {
             strict_eviction: false,
             sync_replicas: 0,
             sync_timeout: Duration::from_secs(1),
+            metrics_lock_names: false,
         }
     }
 }
@@ -125,6 +127,20 @@ impl LockConfig {
     pub fn sync_timeout(mut self, timeout: Duration) -> Self {
         self.sync_timeout = timeout;
         self
+    }
+
+    /// Label the figures of the feature `metrics` with the lock's name (`lock="..."`). Default
+    /// false: names can be unbounded (one per SKU, say), and every distinct name is a new series
+    /// in the metrics recorder. Turn it on where the names are few. No effect without the feature.
+    pub fn metrics_lock_names(mut self, on: bool) -> Self {
+        self.metrics_lock_names = on;
+        self
+    }
+
+    /// Whether figures are labelled with the lock's name (see
+    /// [`metrics_lock_names`](LockConfig::metrics_lock_names)).
+    pub fn get_metrics_lock_names(&self) -> bool {
+        self.metrics_lock_names
     }
 
     /// The configured number of replicas an acquisition waits for.

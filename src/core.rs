@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -68,11 +68,12 @@ impl Core {
         owns_clients: bool,
         jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     ) -> Core {
+        let holds = Holds::new(config.get_metrics_lock_names());
         Core {
             id: Uuid::new_v4(),
             masters,
             config,
-            holds: Holds::default(),
+            holds,
             jobs,
             watchdog_kick: Arc::new(Notify::new()),
             deadlines: Deadlines::start(),
@@ -219,23 +220,16 @@ impl Core {
                     } else {
                         None // lost while the round ran; its cleanup takes our level too
                     }
+                } else if self.is_closed() {
+                    // Shut down during the round, perhaps after its snapshot of the holds.
+                    None
                 } else {
-                    st.gen = gen;
-                    st.field = field.clone();
-                    st.count = 1;
+                    hold.start(&mut st, gen, field.clone());
                     st.token = token;
                     st.lease = lease;
                     st.watchdog = mode == LeaseMode::Watchdog;
                     st.deadline = deadline;
-                    st.lost = Arc::new(watch::channel(false).0);
-                    if self.is_closed() {
-                        // Shut down during the round, perhaps after its snapshot of the holds.
-                        st.count = 0;
-                        st.lost.send_replace(true);
-                        None
-                    } else {
-                        Some(Grant::of(&hold, &st))
-                    }
+                    Some(Grant::of(&hold, &st))
                 }
             };
             let Some(grant) = granted else {
@@ -274,8 +268,7 @@ impl Core {
             let field = {
                 let mut st = hold.state.lock();
                 let active = st.active();
-                st.count = 0;
-                st.lost.send_replace(true);
+                hold.give_back(&mut st);
                 active.then(|| st.field.clone())
             };
             if let Some(field) = field {

@@ -21,6 +21,7 @@ use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use crate::keys::LockKeys;
+use crate::telemetry::{self, End, Label};
 
 /// How a hold keeps its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +46,8 @@ pub(crate) struct HoldState {
     pub(crate) retired: bool,
     /// The Redis field of this generation (owner id and generation).
     pub(crate) field: Arc<str>,
+    /// When this generation was granted (for `relock_hold_seconds`).
+    pub(crate) since: Instant,
 }
 
 impl HoldState {
@@ -68,6 +71,8 @@ pub(crate) struct Hold {
     pub(crate) owner: Arc<str>,
     pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
     pub(crate) state: Mutex<HoldState>,
+    /// The `lock` label of its figures (see `telemetry.rs`).
+    pub(crate) label: Label,
 }
 
 impl Hold {
@@ -79,8 +84,28 @@ impl Hold {
         let st = self.state.lock();
         if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
             st.lost.send_replace(true);
+            telemetry::hold_ended(&self.label, End::Lost, st.since.elapsed());
             tracing::warn!(lock = %self.keys.name, owner = %self.owner, reason, "lock lost");
         }
+    }
+
+    /// Starts generation `gen` (a fresh grant) in `st`, this hold's state.
+    pub(crate) fn start(&self, st: &mut HoldState, gen: u64, field: Arc<str>) {
+        st.gen = gen;
+        st.field = field;
+        st.count = 1;
+        st.since = Instant::now();
+        st.lost = Arc::new(watch::channel(false).0);
+        telemetry::hold_started(&self.label);
+    }
+
+    /// Ends the active generation in `st`, this hold's state, as given back (the client shuts down).
+    pub(crate) fn give_back(&self, st: &mut HoldState) {
+        if st.active() {
+            telemetry::hold_ended(&self.label, End::Released, st.since.elapsed());
+        }
+        st.count = 0;
+        st.lost.send_replace(true);
     }
 
     /// What brings generation `gen` (Redis field `field`) of this hold back in line.
@@ -104,6 +129,9 @@ impl Hold {
         }
         st.count -= 1;
         let lost = *st.lost.borrow();
+        if st.count == 0 && !lost {
+            telemetry::hold_ended(&self.label, End::Released, st.since.elapsed());
+        }
         Some(lost)
     }
 }
@@ -172,12 +200,20 @@ pub(crate) fn next_generation() -> u64 {
 }
 
 /// The holds of one client, by lock and owner.
-#[derive(Default)]
 pub(crate) struct Holds {
     holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
+    /// Whether figures carry the lock's name (`LockConfig::metrics_lock_names`).
+    names_in_metrics: bool,
 }
 
 impl Holds {
+    pub(crate) fn new(names_in_metrics: bool) -> Holds {
+        Holds {
+            holds: Mutex::new(HashMap::new()),
+            names_in_metrics,
+        }
+    }
+
     /// A snapshot of every hold (the watchdog's round, shutdown).
     pub(crate) fn snapshot(&self) -> Vec<Arc<Hold>> {
         self.holds.lock().values().cloned().collect()
@@ -202,7 +238,9 @@ impl Holds {
                         lost: Arc::new(watch::channel(true).0),
                         retired: false,
                         field: owner.clone(),
+                        since: Instant::now(),
                     }),
+                    label: telemetry::label(&keys.name, self.names_in_metrics),
                 })
             })
             .clone()

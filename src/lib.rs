@@ -70,6 +70,7 @@ mod owner;
 mod quorum;
 mod releaser;
 mod scripts;
+mod telemetry;
 mod topology;
 mod waiters;
 mod watchdog;

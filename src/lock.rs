@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::config::{check_lease, check_name};
 use crate::core::{Attempt, Core};
@@ -12,6 +14,7 @@ use crate::hold::LeaseMode;
 use crate::keys::LockKeys;
 use crate::owner::Owner;
 use crate::quorum::jitter;
+use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
 use crate::waiters::{Armed, Subscription};
 use crate::Error;
 
@@ -62,6 +65,17 @@ enum Wait {
     /// Until the instant; the wait asked for, for the error.
     Until(Instant, Duration),
     Forever,
+}
+
+impl Wait {
+    /// The `mode` field of the `acquire` span.
+    fn mode(&self) -> &'static str {
+        match self {
+            Wait::Once => "try",
+            Wait::Until(..) => "try_for",
+            Wait::Forever => "wait",
+        }
+    }
 }
 
 impl Lock {
@@ -202,7 +216,41 @@ impl Lock {
         }
     }
 
+    /// An acquire call in its `acquire` span, with its figures (see `telemetry.rs`). The span's
+    /// fields: `lock`, `owner`, `mode` (`wait`, `try`, `try_for`), and at the end `waited_us`,
+    /// `token` (when granted) and `outcome`; the attempt's own events nest inside it.
     async fn acquire_with(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
+        let span = tracing::info_span!(
+            "acquire",
+            lock = %self.name,
+            owner = Empty,
+            mode = wait.mode(),
+            waited_us = Empty,
+            token = Empty,
+            outcome = Empty,
+        );
+        let label = telemetry::label(&self.name, self.core.config.get_metrics_lock_names());
+        let report = AcquireReport::start(label);
+        let result = self.attempts(wait, &report).instrument(span.clone()).await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Granted,
+            Ok(None) => Outcome::Refused,
+            Err(Error::Timeout(_)) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        if !span.is_disabled() {
+            let waited = report.waited().as_micros().min(u64::MAX as u128) as u64;
+            span.record("waited_us", waited);
+            span.record("outcome", outcome.name());
+            if let Ok(Some(guard)) = &result {
+                span.record("token", guard.fencing_token());
+            }
+        }
+        report.finish(outcome);
+        result
+    }
+
+    async fn attempts(&self, wait: Wait, report: &AcquireReport) -> Result<Option<LockGuard>, Error> {
         check_name(&self.name)?;
         let mode = match self.lease {
             Some(lease) => {
@@ -216,6 +264,9 @@ impl Lock {
             .clone()
             .unwrap_or_else(Owner::current)
             .id_for(&self.core.id);
+        tracing::Span::current().record("owner", &*owner);
+        // Counted in `relock_waiters` from the first refusal on.
+        let mut waiting: Option<Waiting> = None;
         // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
         let mut subscriptions: Vec<Subscription> = Vec::new();
         let mut armed: Vec<Armed> = Vec::new();
@@ -253,6 +304,9 @@ impl Lock {
                 Wait::Once => return Ok(None),
                 Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
                 Wait::Until(..) | Wait::Forever => {}
+            }
+            if waiting.is_none() {
+                waiting = Some(Waiting::start(report.label()));
             }
             if subscriptions.is_empty() {
                 let mut confirmed = true;

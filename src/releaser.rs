@@ -14,6 +14,8 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, OwnedMutexGuard};
 use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::core::Core;
 use crate::hold::{Hold, Job, Resync};
@@ -60,7 +62,33 @@ async fn run_job(core: Arc<Core>, job: Job) {
 ///
 /// Cancelling it part way leaves the release's outcome unknown: the caller then queues a
 /// [`Job::Resync`] (see `core::UndoOnDrop`).
+///
+/// Runs in a `release` span (fields `lock`, `owner`, `left`: the hold count left, and `outcome`),
+/// in which its events nest.
 pub(crate) async fn release_now(
+    core: &Arc<Core>,
+    hold: &Arc<Hold>,
+    gen: u64,
+    field: &Arc<str>,
+    was_lost: bool,
+    ops: Option<OwnedMutexGuard<()>>,
+) -> Result<(), Error> {
+    let span = tracing::info_span!("release", lock = %hold.keys.name, owner = %hold.owner, left = Empty, outcome = Empty);
+    let result = release_in_span(core, hold, gen, field, was_lost, ops)
+        .instrument(span.clone())
+        .await;
+    if !span.is_disabled() {
+        let outcome = match &result {
+            Ok(()) => "released",
+            Err(Error::NotHeld) => "not_held",
+            Err(_) => "error",
+        };
+        span.record("outcome", outcome);
+    }
+    result
+}
+
+async fn release_in_span(
     core: &Arc<Core>,
     hold: &Arc<Hold>,
     gen: u64,
@@ -75,6 +103,7 @@ pub(crate) async fn release_now(
     // Sent even if the hold was retired meanwhile (say, by a refused attempt of the same owner
     // that saw this generation's field still there): a repeat is harmless, a skip is not.
     let target = hold.state.lock().redis_count(gen);
+    tracing::Span::current().record("left", target);
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
     let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
     if target == 0 {

@@ -47,6 +47,7 @@ impl Script {
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
+        crate::telemetry::redis_call(self.name);
         match client.custom::<R, Value>(evalsha(slot), call).await {
             Err(err) if is_noscript(&err) => {
                 tracing::debug!(script = self.name, "script cache was flushed, loading it again");

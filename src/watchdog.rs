@@ -16,9 +16,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::field::Empty;
+use tracing::Instrument;
 
 use crate::core::Core;
 use crate::hold::Hold;
+use crate::telemetry;
 
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
 const IDLE: Duration = Duration::from_secs(3600);
@@ -104,6 +107,19 @@ async fn renew_round(core: Arc<Core>) {
     if holds.is_empty() {
         return;
     }
+    // Its events (renewal failures, losses) nest in the round's span.
+    let span = tracing::debug_span!(
+        "watchdog_round",
+        holds = holds.len(),
+        renewed = Empty,
+        elapsed_us = Empty
+    );
+    renew(&core, holds).instrument(span).await;
+}
+
+/// One round over `holds`: renewed where a majority confirms, lost where a majority has lost them.
+async fn renew(core: &Core, holds: Vec<Renewal>) {
+    let lease = core.config.get_watchdog_timeout();
     let start = Instant::now();
 
     // One call per node and slot (see `Node::renew`), every node at once.
@@ -149,7 +165,17 @@ async fn renew_round(core: Arc<Core>) {
             tracing::warn!(lock = %r.hold.keys.name, renewed = renewed[i], needed, "renewal missed a majority; retrying next round");
         }
     }
+    let renewals = holds.iter().filter(|r| !r.lease.is_zero()).count() as u64;
+    let confirmed = holds
+        .iter()
+        .enumerate()
+        .filter(|(i, r)| !r.lease.is_zero() && renewed[*i] >= needed)
+        .count() as u64;
+    telemetry::renewals(confirmed, renewals - confirmed);
     // `elapsed_us` as an integer, so that a subscriber (the bench) reads it without parsing text.
     let elapsed_us = start.elapsed().as_micros().min(u64::MAX as u128) as u64;
+    let span = tracing::Span::current();
+    span.record("renewed", ok);
+    span.record("elapsed_us", elapsed_us);
     tracing::debug!(renewed = ok, holds = holds.len(), elapsed_us, "watchdog round");
 }

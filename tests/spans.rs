@@ -1,0 +1,154 @@
+//! The `tracing` spans of an acquisition, a release and a watchdog round, with their fields, and
+//! the library's events nested inside them, read by a capturing layer on a real server.
+
+mod support;
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use relock::{LockClient, LockConfig};
+use support::{unique_name, RedisServer};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::Layer;
+
+/// A closed span: its name and its fields as text.
+#[derive(Debug, Clone)]
+struct Closed {
+    name: &'static str,
+    fields: HashMap<String, String>,
+}
+
+/// An event's message and the name of the span it was in.
+type Seen = (String, Option<&'static str>);
+
+#[derive(Default, Clone)]
+struct Capture {
+    closed: Arc<Mutex<Vec<Closed>>>,
+    events: Arc<Mutex<Vec<Seen>>>,
+}
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn Debug) {
+        self.0.insert(field.name().to_string(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_string(), value.to_string());
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        if let Some(span) = ctx.span(id) {
+            span.extensions_mut().insert(fields);
+        }
+    }
+
+    fn on_record(&self, id: &Id, values: &Record<'_>, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(id) {
+            if let Some(fields) = span.extensions_mut().get_mut::<HashMap<String, String>>() {
+                values.record(&mut Fields(fields));
+            }
+        }
+    }
+
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        let message = fields.remove("message").unwrap_or_default();
+        let span = ctx.event_span(event).map(|s| s.name());
+        self.events.lock().unwrap().push((message, span));
+    }
+
+    fn on_close(&self, id: Id, ctx: Context<'_, S>) {
+        if let Some(span) = ctx.span(&id) {
+            let fields = span
+                .extensions()
+                .get::<HashMap<String, String>>()
+                .cloned()
+                .unwrap_or_default();
+            self.closed.lock().unwrap().push(Closed {
+                name: span.name(),
+                fields,
+            });
+        }
+    }
+}
+
+// One thread: the subscriber set here sees every task of the test, the library's included.
+#[tokio::test(flavor = "current_thread")]
+async fn acquire_release_and_watchdog_rounds_have_spans() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(capture.clone())
+        .with(tracing_subscriber::filter::LevelFilter::DEBUG);
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let server = RedisServer::start();
+    let config = LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(900))
+        .renew_interval(Duration::from_millis(200));
+    let client = LockClient::connect_with(&server.url(), config)
+        .await
+        .expect("connect");
+    let other = LockClient::connect(&server.url()).await.expect("connect");
+    let name = unique_name("spans");
+    let guard = client.lock(&name).acquire().await.expect("acquire");
+    let token = guard.fencing_token();
+    // Held across a few watchdog rounds, then refused to another client.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(other.lock(&name).try_acquire().await.expect("try").is_none());
+    guard.release().await.expect("release");
+    client.shutdown().await;
+    other.shutdown().await;
+
+    let closed = capture.closed.lock().unwrap().clone();
+    let with = |span: &str, field: &str, value: &str| {
+        closed
+            .iter()
+            .filter(|c| c.name == span && c.fields.get(field).map(String::as_str) == Some(value))
+            .count()
+    };
+    let acquires: Vec<&Closed> = closed
+        .iter()
+        .filter(|c| c.name == "acquire" && c.fields.get("lock") == Some(&name))
+        .collect();
+    assert_eq!(acquires.len(), 2, "{closed:#?}");
+    let granted = acquires
+        .iter()
+        .find(|c| c.fields.get("outcome").map(String::as_str) == Some("granted"))
+        .expect("a granted acquire span");
+    assert_eq!(granted.fields.get("mode").map(String::as_str), Some("wait"));
+    assert_eq!(granted.fields.get("token"), Some(&token.to_string()));
+    assert!(
+        granted.fields.get("owner").is_some_and(|o| !o.is_empty()),
+        "{granted:?}"
+    );
+    assert!(
+        granted
+            .fields
+            .get("waited_us")
+            .is_some_and(|w| w.parse::<u64>().is_ok()),
+        "{granted:?}"
+    );
+    assert_eq!(with("acquire", "outcome", "refused"), 1, "{closed:#?}");
+    assert_eq!(with("release", "outcome", "released"), 1, "{closed:#?}");
+    let rounds = closed.iter().filter(|c| c.name == "watchdog_round").count();
+    assert!(rounds >= 2, "{rounds} watchdog rounds: {closed:#?}");
+
+    // The library's events nest in the spans.
+    let events = capture.events.lock().unwrap().clone();
+    let inside = |message: &str, span: &str| events.iter().any(|(m, s)| m == message && *s == Some(span));
+    assert!(inside("lock acquired", "acquire"), "{events:#?}");
+    assert!(inside("lock released", "release"), "{events:#?}");
+    assert!(inside("watchdog round", "watchdog_round"), "{events:#?}");
+}
