@@ -48,6 +48,19 @@
 //! acknowledged it (`WAIT`), so a failover that promotes one of them keeps the lock.
 //!
 //! The layers and background tasks are drawn in `ARCHITECTURE.md` at the repository's root.
+//!
+//! ## Operating it
+//!
+//! - **Spans**: every acquire call runs in an `acquire` span (fields `lock`, `owner`, `mode`,
+//!   `waited_us`, `token`, `outcome`), every awaited or background release in a `release` span,
+//!   and each watchdog round in a `watchdog_round` span; relock's events nest in them.
+//! - **Metrics** (feature `metrics`): counters, gauges and histograms through the `metrics` facade,
+//!   listed in the README; [`LockConfig::metrics_lock_names`] adds the lock's name as a label.
+//! - **Inspection**: [`LockClient::inspect`] and [`LockClient::held_locks`] read who holds what; the
+//!   `relock` binary (feature `cli`) prints them, force-unlocks and watches a lock.
+//! - **Blocking code**: [`blocking`] wraps the API for threads outside any runtime.
+//!
+//! Features: `tls-rustls` (default) or `tls-native` for `rediss://`; `metrics`; `cli`.
 
 #![warn(missing_docs)]
 
