@@ -369,6 +369,12 @@ fn refused_inside_runtime_block_on() {
             async move { tokio::spawn(async move { lock.try_acquire().map(|_| ()) }).await }
         });
         assert!(matches!(spawned, Ok(Err(Error::InsideRuntime))));
+        // A `spawn_blocking` thread is inside the runtime too (its handle is current there).
+        let on_pool = runtime.block_on({
+            let lock = lock.clone();
+            async move { tokio::task::spawn_blocking(move || lock.is_locked()).await }
+        });
+        assert!(matches!(on_pool, Ok(Err(Error::InsideRuntime))));
     }
     // Outside again, the same handles work.
     let guard = lock.acquire().unwrap();
