@@ -1,1 +1,514 @@
-//! Blocking wrappers around the async API (work in progress).
+//! A blocking API over the async one, for code that does not run in an async runtime.
+//!
+//! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`] and
+//! [`MultiLock`] here mirror the crate's async types of the same names, method for method, with
+//! every `async fn` turned into a call that blocks the calling thread until it is done.
+//!
+//! ```no_run
+//! use relock::blocking::LockClient;
+//!
+//! # fn demo() -> Result<(), relock::Error> {
+//! let client = LockClient::connect("redis://127.0.0.1:6379")?;
+//! let lock = client.lock("inventory:sku-42");
+//! {
+//!     let guard = lock.acquire()?;            // blocks this thread until held
+//!     // ... deduct stock; write with guard.fencing_token() where storage checks it ...
+//! }                                           // released here, without blocking
+//! client.shutdown()?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # How it works
+//!
+//! Each client ([`LockClient::connect`], [`MultiLock::connect`]) starts its own small tokio runtime
+//! (one worker thread, named `relock-blocking`), shared by its clones, its locks and their guards.
+//! The async client lives on it, so its background work (the watchdog that renews leases, the
+//! releaser, the connections to Redis) goes on between calls and while the calling thread does
+//! its own work. A blocking call runs the matching async call on that runtime and waits for it.
+//!
+//! **Owners are threads.** An acquisition is owned by the OS thread that makes it: two threads
+//! exclude each other, and a thread that acquires a lock it already holds re-enters its hold
+//! (its [`hold_count`](LockGuard::hold_count) goes up). [`Lock::owner`] acquires on behalf of an
+//! explicit [`Owner`] instead, e.g. to share one hold between threads. A guard is `Send`: it may be
+//! released or dropped on another thread than the one that acquired it.
+//!
+//! **Dropping a guard never blocks**: its release is queued to the client's background releaser,
+//! as with the async [`LockGuard`](crate::LockGuard). [`LockGuard::release`] waits for the release
+//! instead. When the last handle of a client (client, lock or guard) goes, the drop waits for the
+//! releases still queued (at most the node timeout: the command timeout of a `LockClient`, the
+//! `node_timeout` of a `MultiLock`), then stops the runtime; dropped inside an async runtime, it
+//! hands that to a short-lived thread instead of blocking.
+//!
+//! # Not inside an async runtime
+//!
+//! Every call here that blocks (constructors included) first checks whether the calling thread is
+//! inside a tokio runtime (a task, `block_on`, or `spawn_blocking`; anywhere
+//! `tokio::runtime::Handle::try_current` succeeds) and then returns [`Error::InsideRuntime`]
+//! instead of blocking a runtime thread, deadlocking it or panicking: use the async API there.
+//! Calls that do not block (names, tokens, [`LockGuard::is_held`], making a [`Lock`]) and drops work
+//! anywhere.
+
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+
+use crate::config::{LockConfig, QuorumConfig};
+use crate::core::Core;
+use crate::owner::Owner;
+use crate::Error;
+
+// The handles may be shared and sent between threads.
+const _: fn() = || {
+    fn assert<T: Send + Sync>() {}
+    assert::<LockClient>();
+    assert::<Lock>();
+    assert::<LockGuard>();
+    assert::<MultiLock>();
+};
+
+/// What a client, its clones, locks and guards share: the runtime the async client lives on.
+struct Shared {
+    handle: Handle,
+    /// The async client's core, so that its last reference outside the background tasks goes in
+    /// [`Shared`]'s drop, inside the runtime's context (its connections are closed on the runtime).
+    core: Option<Arc<Core>>,
+    runtime: Background,
+}
+
+/// A runtime that is shut down without waiting when dropped, so that dropping it never panics,
+/// even inside an async context.
+struct Background(Option<tokio::runtime::Runtime>);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl Background {
+    /// A new runtime, refused inside a runtime.
+    fn start() -> Result<Background, Error> {
+        refuse_inside_runtime()?;
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("relock-blocking")
+            .enable_all()
+            .build()
+            .map(|runtime| Background(Some(runtime)))
+            .map_err(|err| {
+                Error::Redis(fred::error::Error::new(
+                    fred::error::ErrorKind::IO,
+                    format!("could not start the runtime of relock's blocking client: {err}"),
+                ))
+            })
+    }
+
+    /// Runs `future` to completion on this runtime (from a thread outside every runtime).
+    fn block_on<F: Future>(&self, future: F) -> Result<F::Output, Error> {
+        refuse_inside_runtime()?;
+        match &self.0 {
+            Some(runtime) => Ok(runtime.block_on(future)),
+            None => Err(Error::Shutdown),
+        }
+    }
+
+    /// The shared state of a client whose async core is `core`.
+    fn share(self, core: Arc<Core>) -> Result<Arc<Shared>, Error> {
+        let handle = match &self.0 {
+            Some(runtime) => runtime.handle().clone(),
+            None => return Err(Error::Shutdown),
+        };
+        Ok(Arc::new(Shared {
+            handle,
+            core: Some(core),
+            runtime: self,
+        }))
+    }
+}
+
+fn refuse_inside_runtime() -> Result<(), Error> {
+    match Handle::try_current() {
+        Ok(_) => Err(Error::InsideRuntime),
+        Err(_) => Ok(()),
+    }
+}
+
+impl Shared {
+    /// Runs `future` on the runtime, as the calling thread's owner, and waits for it.
+    fn block_on<F: Future>(&self, future: F) -> Result<F::Output, Error> {
+        refuse_inside_runtime()?;
+        // Outside every runtime and task, the current owner is this thread (`Owner::current`);
+        // inside `block_on` it would not be, so the future is scoped with it.
+        let owner = Owner::current();
+        Ok(self.handle.block_on(owner.scope(future)))
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        let runtime = std::mem::replace(&mut self.runtime, Background(None));
+        let core = self.core.take();
+        let finish = move || finish(runtime, core);
+        if Handle::try_current().is_ok() {
+            // Blocking here could stall (or deadlock) the caller's runtime. Should the thread not
+            // start, the runtime is shut down at once when the closure is dropped.
+            let _ = std::thread::Builder::new()
+                .name("relock-blocking-drop".into())
+                .spawn(finish);
+        } else {
+            finish();
+        }
+    }
+}
+
+/// The end of a client's runtime, on a thread outside every runtime: drops the core in the
+/// runtime's context, waits (bounded) until the releases queued by dropped guards are done (they
+/// hold the core until then), and shuts the runtime down.
+fn finish(runtime: Background, core: Option<Arc<Core>>) {
+    let Some(rt) = &runtime.0 else { return };
+    let Some(core) = core else { return };
+    let bound = core.masters.config.node_timeout + Duration::from_millis(100);
+    let weak: Weak<Core> = Arc::downgrade(&core);
+    {
+        let _enter = rt.enter();
+        drop(core);
+    }
+    rt.block_on(async {
+        let _ = tokio::time::timeout(bound, async {
+            while weak.strong_count() > 0 {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+    });
+    drop(runtime);
+}
+
+/// A blocking client of one Redis deployment (a server, a cluster, or a Sentinel-managed primary)
+/// that hands out [`Lock`]s: the blocking [`LockClient`](crate::LockClient).
+///
+/// It owns a small runtime on which the async client and its background tasks run (see the
+/// [module docs](self)). Cheap to clone; every clone, lock and guard shares it.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use relock::{blocking::LockClient, LockConfig};
+///
+/// # fn demo() -> Result<(), relock::Error> {
+/// let config = LockConfig::default().watchdog_timeout(Duration::from_secs(30)).key_prefix("shop");
+/// let client = LockClient::connect_with("redis://127.0.0.1:6379", config)?;
+/// let guard = client.lock("inventory:sku-42").acquire()?;
+/// // ... deduct the stock ...
+/// guard.release()?;
+/// client.shutdown()?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockClient {
+    // Dropped before `shared`, whose drop finishes the client.
+    inner: crate::LockClient,
+    shared: Arc<Shared>,
+}
+
+impl LockClient {
+    /// Connects with the default [`LockConfig`]. As [`connect_with`](LockClient::connect_with).
+    pub fn connect(url: &str) -> Result<LockClient, Error> {
+        LockClient::connect_with(url, LockConfig::default())
+    }
+
+    /// Starts the client's runtime and connects to the server, cluster or sentinel group at `url`:
+    /// the blocking [`LockClient::connect_with`](crate::LockClient::connect_with), which tells the
+    /// URL formats and the errors. [`Error::InsideRuntime`] inside an async runtime.
+    pub fn connect_with(url: &str, config: LockConfig) -> Result<LockClient, Error> {
+        let runtime = Background::start()?;
+        let inner = runtime.block_on(crate::LockClient::connect_with(url, config))??;
+        let shared = runtime.share(inner.core.clone())?;
+        Ok(LockClient { inner, shared })
+    }
+
+    /// The lock called `name`. No I/O; the name is checked when the lock is used.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock {
+            inner: self.inner.lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &LockConfig {
+        self.inner.config()
+    }
+
+    /// The deployment this client talks to: `host:port`, `cluster host:port,...` or
+    /// `sentinel service NAME`.
+    pub fn server(&self) -> &str {
+        self.inner.server()
+    }
+
+    /// Releases every lock this client holds (their guards become lost), stops the background tasks
+    /// and closes the connections, and waits for that. Later acquisitions fail with
+    /// [`Error::Shutdown`]. [`Error::InsideRuntime`] inside an async runtime.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        self.shared.block_on(self.inner.shutdown())
+    }
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::LockClient").field(&self.inner).finish()
+    }
+}
+
+/// A named lock, whose acquisitions block the calling thread: the blocking
+/// [`Lock`](crate::Lock). Cheap to create and to clone, no I/O until it is used.
+///
+/// Acquisitions are reentrant per [`Owner`]: by default the calling OS thread.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn demo(client: relock::blocking::LockClient) -> Result<(), relock::Error> {
+/// let lock = client.lock("inventory:sku-42");
+/// let guard = lock.acquire()?;                    // blocks; the watchdog keeps the lease
+/// let again = lock.acquire()?;                    // same thread: re-entered, no deadlock
+/// assert_eq!(again.hold_count(), 2);
+/// drop(again);
+/// drop(guard);                                    // released in the background
+///
+/// if let Some(guard) = lock.try_acquire_for(Duration::from_millis(500))? {
+///     // held; released when `guard` goes out of scope
+/// #   drop(guard);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    inner: crate::Lock,
+    shared: Arc<Shared>,
+}
+
+impl Lock {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Acquires with a fixed lease that the watchdog does not renew, as
+    /// [`Lock::lease`](crate::Lock::lease).
+    pub fn lease(self, lease: Duration) -> Lock {
+        Lock {
+            inner: self.inner.lease(lease),
+            shared: self.shared,
+        }
+    }
+
+    /// Acquires on behalf of `owner` instead of the calling thread: every acquisition with the same
+    /// owner (through this client) joins one reentrant hold, whichever thread makes it.
+    pub fn owner(self, owner: Owner) -> Lock {
+        Lock {
+            inner: self.inner.owner(owner),
+            shared: self.shared,
+        }
+    }
+
+    /// Blocks until the lock is held, as [`Lock::acquire`](crate::Lock::acquire) waits.
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn acquire(&self) -> Result<LockGuard, Error> {
+        let guard = self.shared.block_on(self.inner.acquire())??;
+        Ok(self.guard(guard))
+    }
+
+    /// One attempt, no waiting: `None` if another owner holds the lock, as
+    /// [`Lock::try_acquire`](crate::Lock::try_acquire). [`Error::InsideRuntime`] inside an async
+    /// runtime.
+    pub fn try_acquire(&self) -> Result<Option<LockGuard>, Error> {
+        let guard = self.shared.block_on(self.inner.try_acquire())??;
+        Ok(guard.map(|guard| self.guard(guard)))
+    }
+
+    /// Blocks at most `wait` for the lock: `None` if another owner still holds it then, as
+    /// [`Lock::try_acquire_for`](crate::Lock::try_acquire_for). [`Error::InsideRuntime`] inside an
+    /// async runtime.
+    pub fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
+        let guard = self.shared.block_on(self.inner.try_acquire_for(wait))??;
+        Ok(guard.map(|guard| self.guard(guard)))
+    }
+
+    /// Whether anyone holds the lock, as [`Lock::is_locked`](crate::Lock::is_locked).
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn is_locked(&self) -> Result<bool, Error> {
+        self.shared.block_on(self.inner.is_locked())?
+    }
+
+    /// Removes the lock whoever holds it (an administrative override), as
+    /// [`Lock::force_unlock`](crate::Lock::force_unlock). [`Error::InsideRuntime`] inside an async
+    /// runtime.
+    pub fn force_unlock(&self) -> Result<bool, Error> {
+        self.shared.block_on(self.inner.force_unlock())?
+    }
+
+    fn guard(&self, inner: crate::LockGuard) -> LockGuard {
+        LockGuard {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::Lock").field(&self.inner).finish()
+    }
+}
+
+/// Proof that a lock is held: the blocking [`LockGuard`](crate::LockGuard), returned by
+/// [`Lock::acquire`] and its siblings.
+///
+/// Dropping it releases its hold (one level of reentrancy) in the background, without blocking,
+/// from any thread, inside an async runtime or not. [`release`](LockGuard::release) waits for the
+/// release instead. The lease can be lost while the guard lives (see the async guard): check
+/// [`is_held`](LockGuard::is_held), or wait for the loss with
+/// [`wait_lost_for`](LockGuard::wait_lost_for); writes to storage that must never take a stale write
+/// should carry the [`fencing_token`](LockGuard::fencing_token).
+///
+/// ```no_run
+/// # fn demo(client: relock::blocking::LockClient) -> Result<(), relock::Error> {
+/// let guard = client.lock("inventory:sku-42").acquire()?;
+/// let token = guard.fencing_token();
+/// // ... read, compute and write with `token` ...
+/// if !guard.is_held() {
+///     return Err(relock::Error::LeaseLost);
+/// }
+/// guard.release()?;
+/// # let _ = token;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "dropping the guard releases the lock at once"]
+pub struct LockGuard {
+    // Dropped before `shared`: its release is queued before the client may finish.
+    inner: crate::LockGuard,
+    shared: Arc<Shared>,
+}
+
+impl LockGuard {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The fencing token of this hold: strictly larger than the token of every earlier holder of
+    /// the name. A reentrant acquisition returns the token of the hold it joined.
+    pub fn fencing_token(&self) -> u64 {
+        self.inner.fencing_token()
+    }
+
+    /// The reentrancy depth of this owner right after this acquisition (1 for a first acquisition).
+    pub fn hold_count(&self) -> u32 {
+        self.inner.hold_count()
+    }
+
+    /// Whether the lease is still held: false once it is known lost or has no validity left.
+    pub fn is_held(&self) -> bool {
+        self.inner.is_held()
+    }
+
+    /// How long the lease is still safe for, on the monotonic clock (zero once lost), as
+    /// [`LockGuard::validity`](crate::LockGuard::validity).
+    pub fn validity(&self) -> Duration {
+        self.inner.validity()
+    }
+
+    /// Blocks until the lease is lost, for at most `timeout`: `true` if it was lost (at once if it
+    /// is lost already), `false` if it was still held when `timeout` ran out. The blocking
+    /// counterpart of [`LockGuard::lost`](crate::LockGuard::lost). [`Error::InsideRuntime`] inside
+    /// an async runtime.
+    pub fn wait_lost_for(&self, timeout: Duration) -> Result<bool, Error> {
+        self.shared
+            .block_on(async { tokio::time::timeout(timeout, self.inner.lost()).await.is_ok() })
+    }
+
+    /// Releases this hold (one level of reentrancy) and blocks until Redis confirms, as
+    /// [`LockGuard::release`](crate::LockGuard::release): `Err(Error::NotHeld)` if the lease was
+    /// lost. Inside an async runtime, the guard is dropped (released in the background) and the
+    /// result is [`Error::InsideRuntime`].
+    pub fn release(self) -> Result<(), Error> {
+        let LockGuard { inner, shared } = self;
+        shared.block_on(inner.release())?
+    }
+}
+
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::LockGuard").field(&self.inner).finish()
+    }
+}
+
+/// Locks held on a majority of N independent Redis masters (Redlock), blocking: the blocking
+/// [`MultiLock`](crate::MultiLock). It hands out the same blocking [`Lock`] and [`LockGuard`] as a
+/// [`LockClient`]. Cheap to clone.
+///
+/// ```no_run
+/// # fn demo() -> Result<(), relock::Error> {
+/// use relock::{blocking::MultiLock, LockConfig};
+///
+/// let urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
+/// let multi = MultiLock::connect(&urls, LockConfig::default())?;
+/// let guard = multi.lock("orders:42").acquire()?;
+/// println!("token {} valid for {:?}", guard.fencing_token(), guard.validity());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MultiLock {
+    inner: crate::MultiLock,
+    shared: Arc<Shared>,
+}
+
+impl MultiLock {
+    /// Starts the runtime and connects to every master at once, with the default [`QuorumConfig`]
+    /// and `config` for the locks, as [`MultiLock::connect`](crate::MultiLock::connect).
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn connect(urls: &[&str], config: LockConfig) -> Result<MultiLock, Error> {
+        MultiLock::connect_with(urls, QuorumConfig::default().lock_config(config))
+    }
+
+    /// [`connect`](MultiLock::connect) with a full [`QuorumConfig`].
+    pub fn connect_with(urls: &[&str], config: QuorumConfig) -> Result<MultiLock, Error> {
+        let runtime = Background::start()?;
+        let inner = runtime.block_on(crate::MultiLock::connect_with(urls, config))??;
+        let shared = runtime.share(inner.core.clone())?;
+        Ok(MultiLock { inner, shared })
+    }
+
+    /// The lock called `name` over every master. No I/O.
+    pub fn lock(&self, name: &str) -> Lock {
+        Lock {
+            inner: self.inner.lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The number of masters.
+    pub fn masters(&self) -> usize {
+        self.inner.masters()
+    }
+
+    /// Releases every lock this MultiLock holds, stops its background tasks and closes its
+    /// connections, and waits for that. [`Error::InsideRuntime`] inside an async runtime.
+    pub fn shutdown(&self) -> Result<(), Error> {
+        self.shared.block_on(self.inner.shutdown())
+    }
+}
+
+impl std::fmt::Debug for MultiLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::MultiLock").field(&self.inner).finish()
+    }
+}

@@ -33,7 +33,7 @@ use crate::Error;
 /// ```
 #[derive(Clone)]
 pub struct MultiLock {
-    core: Arc<Core>,
+    pub(crate) core: Arc<Core>,
 }
 
 impl MultiLock {

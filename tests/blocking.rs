@@ -1,0 +1,383 @@
+//! The blocking API against a real redis-server, from plain threads: exclusion between threads,
+//! reentrancy of one thread, releases on drop, the watchdog, a MultiLock, and the refusal to block
+//! inside an async runtime.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use relock::blocking::{LockClient, MultiLock};
+use relock::{Error, LockConfig, Owner, QuorumConfig};
+use support::{lock_key, unique_name, RedisServer};
+
+fn fast_config() -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(1500))
+        .renew_interval(Duration::from_millis(300))
+        .command_timeout(Duration::from_secs(2))
+}
+
+fn client(server: &RedisServer) -> LockClient {
+    LockClient::connect_with(&server.url(), fast_config()).expect("connect")
+}
+
+/// `threads` threads, each acquiring `rounds` times a lock made by `lock`, counting the moments
+/// two of them were inside at once.
+fn contend(lock: impl Fn() -> relock::blocking::Lock, threads: usize, rounds: usize) -> (usize, usize) {
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(threads));
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let lock = lock();
+            let (inside, overlaps, done, start) =
+                (inside.clone(), overlaps.clone(), done.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                for _ in 0..rounds {
+                    let guard = lock.acquire().expect("acquire");
+                    assert_eq!(guard.hold_count(), 1, "another thread's hold was re-entered");
+                    if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_millis(1));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    done.fetch_add(1, Ordering::SeqCst);
+                    drop(guard);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    (overlaps.load(Ordering::SeqCst), done.load(Ordering::SeqCst))
+}
+
+#[test]
+fn threads_of_one_client_exclude_each_other() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = unique_name("threads");
+    let (overlaps, done) = contend(|| client.lock(&name), 4, 25);
+    assert_eq!(overlaps, 0, "two threads held the lock at once");
+    assert_eq!(done, 100);
+    assert!(!client.lock(&name).is_locked().unwrap());
+}
+
+#[test]
+fn threads_of_two_clients_exclude_each_other() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let name = unique_name("clients");
+    let turn = AtomicUsize::new(0);
+    let (overlaps, done) = contend(
+        || {
+            let client = if turn.fetch_add(1, Ordering::SeqCst) % 2 == 0 {
+                &a
+            } else {
+                &b
+            };
+            client.lock(&name)
+        },
+        2,
+        40,
+    );
+    assert_eq!(overlaps, 0, "two threads held the lock at once");
+    assert_eq!(done, 80);
+}
+
+#[test]
+fn a_thread_reenters_its_own_hold() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock(&unique_name("reentrant"));
+    let first = lock.acquire().unwrap();
+    let second = lock.acquire().unwrap();
+    assert_eq!((first.hold_count(), second.hold_count()), (1, 2));
+    assert_eq!(first.fencing_token(), second.fencing_token());
+    let other = lock.clone();
+    let try_other = move || {
+        thread::spawn(move || other.try_acquire().unwrap().is_none())
+            .join()
+            .unwrap()
+    };
+    drop(second);
+    assert!(try_other(), "released after the first of two drops");
+    assert!(lock.is_locked().unwrap());
+    drop(first);
+    let other = lock.clone();
+    let got = thread::spawn(move || other.try_acquire_for(Duration::from_secs(10)).unwrap().is_some())
+        .join()
+        .unwrap();
+    assert!(got, "not released after the second drop");
+}
+
+#[test]
+fn an_explicit_owner_is_shared_between_threads() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let owner = Owner::new();
+    let lock = client.lock(&unique_name("owner")).owner(owner);
+    let first = lock.acquire().unwrap();
+    let other = lock.clone();
+    let second = thread::spawn(move || other.try_acquire().unwrap())
+        .join()
+        .unwrap();
+    let second = second.expect("the same owner on another thread re-enters");
+    assert_eq!(second.hold_count(), 2);
+    second.release().unwrap();
+    first.release().unwrap();
+    assert!(!lock.is_locked().unwrap());
+}
+
+#[test]
+fn try_acquire_from_another_thread_is_refused_while_held() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = unique_name("try");
+    let guard = client.lock(&name).acquire().unwrap();
+    let other = client.clone();
+    let name2 = name.clone();
+    let (now, waited) = thread::spawn(move || {
+        let lock = other.lock(&name2);
+        let now = lock.try_acquire().unwrap().is_none();
+        let started = Instant::now();
+        let waited = lock
+            .try_acquire_for(Duration::from_millis(300))
+            .unwrap()
+            .is_none();
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        (now, waited)
+    })
+    .join()
+    .unwrap();
+    assert!(now && waited, "another thread got a held lock");
+    assert!(guard.is_held());
+    guard.release().unwrap();
+    assert!(!server.exists(&lock_key(&name)));
+}
+
+#[test]
+fn a_dropped_guard_is_released_promptly() {
+    // The lease is 30 s: only the release on drop lets the waiter in within its 10 s.
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).unwrap();
+    let name = unique_name("drop");
+    let guard = client.lock(&name).acquire().unwrap();
+    let lock = client.lock(&name);
+    let waiter = thread::spawn(move || {
+        let started = Instant::now();
+        let got = lock.try_acquire_for(Duration::from_secs(10)).unwrap();
+        (got.map(|guard| guard.fencing_token()), started.elapsed())
+    });
+    thread::sleep(Duration::from_millis(200));
+    let token = guard.fencing_token();
+    drop(guard);
+    let (got, waited) = waiter.join().unwrap();
+    let next = got.expect("the waiter did not get the lock after the drop");
+    assert!(next > token);
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+}
+
+#[test]
+fn the_last_drop_of_a_client_finishes_queued_releases() {
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).unwrap();
+    let name = unique_name("last");
+    let guard = client.lock(&name).acquire().unwrap();
+    assert!(server.exists(&lock_key(&name)));
+    // The server answers the release only after the drops: the last one must wait for it (the
+    // lease is 30 s, so a release lost with the runtime would leave the key).
+    server.pause();
+    let started = Instant::now();
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            thread::sleep(Duration::from_millis(500));
+            server.resume();
+        });
+        drop(guard);
+        drop(client);
+    });
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        !server.exists(&lock_key(&name)),
+        "the release was lost with the runtime"
+    );
+}
+
+#[test]
+fn the_watchdog_keeps_a_lease_held_by_a_blocked_thread() {
+    let server = RedisServer::start();
+    let config = LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(400))
+        .renew_interval(Duration::from_millis(100));
+    let client = LockClient::connect_with(&server.url(), config).unwrap();
+    let name = unique_name("watchdog");
+    let guard = client.lock(&name).acquire().unwrap();
+    // The thread does its own (blocking) work, well past several leases.
+    thread::sleep(Duration::from_millis(2000));
+    assert!(guard.is_held());
+    assert!(!guard.validity().is_zero());
+    assert!(!guard.wait_lost_for(Duration::from_millis(500)).unwrap());
+    let pttl = server.cmd(&["PTTL", &lock_key(&name)]).as_int().unwrap();
+    assert!(pttl > 0, "PTTL {pttl}");
+    let lock = client.lock(&name);
+    assert!(thread::spawn(move || lock.try_acquire().unwrap().is_none())
+        .join()
+        .unwrap());
+    guard.release().unwrap();
+
+    // A fixed lease is not renewed: the guard learns of its loss.
+    let short = client
+        .lock(&name)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .unwrap();
+    assert!(short.wait_lost_for(Duration::from_secs(10)).unwrap());
+    assert!(!short.is_held());
+    assert!(matches!(short.release(), Err(Error::NotHeld)));
+}
+
+#[test]
+fn a_multilock_over_three_servers() {
+    let servers = [RedisServer::start(), RedisServer::start(), RedisServer::start()];
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // The servers are seconds old: the restart quarantine would keep them all out at first.
+    let config = QuorumConfig::default()
+        .node_timeout(Duration::from_millis(300))
+        .restart_quarantine(false)
+        .lock_config(fast_config());
+    let multi = MultiLock::connect_with(&urls, config).unwrap();
+    assert_eq!(multi.masters(), 3);
+    let name = unique_name("multi");
+    let guard = multi.lock(&name).acquire().unwrap();
+    for server in &servers {
+        assert!(server.exists(&lock_key(&name)));
+    }
+    let lock = multi.lock(&name);
+    assert!(thread::spawn(move || lock.try_acquire().unwrap().is_none())
+        .join()
+        .unwrap());
+    drop(guard);
+    let (overlaps, done) = contend(|| multi.lock(&name), 3, 10);
+    assert_eq!((overlaps, done), (0, 30));
+    multi.shutdown().unwrap();
+    assert!(matches!(multi.lock(&name).acquire(), Err(Error::Shutdown)));
+}
+
+#[test]
+fn shutdown_ends_the_holds() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = unique_name("shutdown");
+    let guard = client.lock(&name).acquire().unwrap();
+    client.shutdown().unwrap();
+    assert!(!guard.is_held());
+    assert!(!server.exists(&lock_key(&name)));
+    assert!(matches!(client.lock(&name).try_acquire(), Err(Error::Shutdown)));
+}
+
+#[tokio::test]
+async fn refused_inside_an_async_runtime() {
+    let server = RedisServer::start();
+    let url = server.url();
+    assert!(matches!(LockClient::connect(&url), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        MultiLock::connect(&[url.as_str()], LockConfig::default()),
+        Err(Error::InsideRuntime)
+    ));
+    // Made on a plain thread, then used here.
+    let name = unique_name("inside");
+    let (client, guard) = {
+        let (url, name) = (url.clone(), name.clone());
+        thread::spawn(move || {
+            let client = LockClient::connect(&url).unwrap();
+            let guard = client.lock(&name).acquire().unwrap();
+            (client, guard)
+        })
+        .join()
+        .unwrap()
+    };
+    let lock = client.lock(&name);
+    assert_eq!(lock.name(), name);
+    assert!(matches!(lock.acquire(), Err(Error::InsideRuntime)));
+    assert!(matches!(lock.try_acquire(), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        lock.try_acquire_for(Duration::from_millis(1)),
+        Err(Error::InsideRuntime)
+    ));
+    assert!(matches!(lock.is_locked(), Err(Error::InsideRuntime)));
+    assert!(matches!(lock.force_unlock(), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        guard.wait_lost_for(Duration::ZERO),
+        Err(Error::InsideRuntime)
+    ));
+    assert!(matches!(client.shutdown(), Err(Error::InsideRuntime)));
+    assert!(guard.is_held());
+    // Released in the background, and every handle dropped here, inside the runtime: no panic,
+    // and the last drop still finishes the release (on a thread of its own).
+    assert!(matches!(guard.release(), Err(Error::InsideRuntime)));
+    drop(lock);
+    drop(client);
+    let key = lock_key(&name);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while server.exists(&key) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        !server.exists(&key),
+        "the release from a drop inside a runtime was lost"
+    );
+}
+
+#[test]
+fn refused_inside_runtime_block_on() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let lock = client.lock(&unique_name("block-on"));
+    for runtime in [
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap(),
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    ] {
+        runtime.block_on(async {
+            assert!(matches!(
+                LockClient::connect(&server.url()),
+                Err(Error::InsideRuntime)
+            ));
+            assert!(matches!(lock.acquire(), Err(Error::InsideRuntime)));
+            assert!(matches!(lock.is_locked(), Err(Error::InsideRuntime)));
+        });
+        let spawned = runtime.block_on({
+            let lock = lock.clone();
+            async move { tokio::spawn(async move { lock.try_acquire().map(|_| ()) }).await }
+        });
+        assert!(matches!(spawned, Ok(Err(Error::InsideRuntime))));
+        // A `spawn_blocking` thread is inside the runtime too (its handle is current there).
+        let on_pool = runtime.block_on({
+            let lock = lock.clone();
+            async move { tokio::task::spawn_blocking(move || lock.is_locked()).await }
+        });
+        assert!(matches!(on_pool, Ok(Err(Error::InsideRuntime))));
+    }
+    // Outside again, the same handles work.
+    let guard = lock.acquire().unwrap();
+    assert_eq!(guard.hold_count(), 1);
+    assert!(lock.is_locked().unwrap());
+}
