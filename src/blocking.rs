@@ -50,7 +50,7 @@
 //! anywhere.
 
 use std::future::Future;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::runtime::Handle;
@@ -173,19 +173,13 @@ fn finish(runtime: Background, core: Option<Arc<Core>>) {
     let Some(rt) = &runtime.0 else { return };
     let Some(core) = core else { return };
     let bound = core.masters.config.node_timeout + Duration::from_millis(100);
-    let weak: Weak<Core> = Arc::downgrade(&core);
+    let mut alive = core.alive.subscribe();
     {
         let _enter = rt.enter();
         drop(core);
     }
-    rt.block_on(async {
-        let _ = tokio::time::timeout(bound, async {
-            while weak.strong_count() > 0 {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        })
-        .await;
-    });
+    // Ends when the core is dropped (its sender closes), after the releases that hold it.
+    let _ = rt.block_on(async { tokio::time::timeout(bound, alive.changed()).await });
     drop(runtime);
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -48,6 +48,9 @@ pub(crate) struct Core {
     /// Undos of unknown outcomes still being retried, by lock and field (with how many are in
     /// flight): shutdown finishes them.
     pub(crate) undos: Mutex<HashMap<UndoKey, (Arc<LockKeys>, usize)>>,
+    /// Closed when the core is dropped: its receivers learn that the last job holding it is done
+    /// (the blocking client waits for that before stopping its runtime).
+    pub(crate) alive: watch::Sender<()>,
 }
 
 /// An undo is found by its lock key and the hold's field.
@@ -83,6 +86,7 @@ impl Core {
             longest_lease_ms: AtomicU64::new(0),
             owns_clients,
             undos: Mutex::new(HashMap::new()),
+            alive: watch::channel(()).0,
         }
     }
 
