@@ -340,6 +340,13 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
             emit(cli, name, &event)?;
         }
     }
+    // Said once subscribed and read, so that a caller knows from here on nothing is missed.
+    let how = if feed.notified {
+        "keyspace notifications"
+    } else {
+        "a read every 200 ms"
+    };
+    eprintln!("relock: watching {name:?} by {how}; Ctrl-C stops");
     let mut read_at = tokio::time::Instant::now();
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
