@@ -169,7 +169,15 @@ impl LockClient {
         let link = self.link();
         let matching = format!("{}:{{{pattern}}}", escape_glob(prefix));
         let mut names = BTreeSet::new();
-        for primary in link.topology.primaries(&link.client, &link.options) {
+        let primaries = link.topology.primaries(&link.client, &link.options);
+        if primaries.is_empty() {
+            // A cluster whose slot map is not known: an empty list would be a lie.
+            return Err(Error::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Cluster,
+                "the cluster's primaries are not known yet",
+            )));
+        }
+        for primary in primaries {
             for key in scan(link, &primary, &matching).await? {
                 if let Some(name) = name_of(&key, prefix) {
                     names.insert(name.to_string());

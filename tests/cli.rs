@@ -506,3 +506,45 @@ async fn list_on_a_cluster_scans_every_primary() {
     drop(guards);
     holder.shutdown().await;
 }
+
+/// `watch --enable-notifications` on a cluster turns keyspace notifications on where the lock lives
+/// (and nowhere else) and prints the events from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_on_a_cluster_enables_notifications_on_the_lock_primary() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let url = cluster.url();
+    let name = unique_name("clustered");
+    let (mut watch, ready) = tokio::task::spawn_blocking({
+        let (url, name) = (url.clone(), name.clone());
+        move || {
+            let watch = Watch::start(&url, &name, &["--enable-notifications"]);
+            let ready = Watch::wait_for(&watch.errors, "watching", Duration::from_secs(20));
+            (watch, ready)
+        }
+    })
+    .await
+    .expect("thread");
+    let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
+    assert!(ready.contains("keyspace notifications"), "{ready}");
+    let owner = cluster.primary_of(&support::lock_key(&name)).port();
+    for primary in cluster.primaries() {
+        let flags = match primary.cmd(&["CONFIG", "GET", "notify-keyspace-events"]) {
+            support::Reply::Array(reply) => reply.get(1).and_then(|f| f.as_str().map(String::from)),
+            _ => None,
+        };
+        let flags = flags.expect("notify-keyspace-events");
+        assert_eq!(flags.contains('K'), primary.port() == owner, "{flags:?}");
+    }
+    // Subscribed where the notifications come from.
+    let keyspace = format!("__keyspace@0__:{}", support::lock_key(&name));
+    let channels = cluster
+        .primary_of(&support::lock_key(&name))
+        .cmd(&["PUBSUB", "CHANNELS", "__keyspace@*"]);
+    assert_eq!(
+        channels,
+        support::Reply::Array(vec![support::Reply::Str(keyspace)])
+    );
+    watch_events(&url, &name, &mut watch).await;
+}

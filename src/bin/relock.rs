@@ -35,6 +35,7 @@ use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::{Options, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use relock::{Error, Holder, LockClient, LockConfig, LockInfo};
+use tokio::sync::broadcast;
 
 /// Done.
 const OK: u8 = 0;
@@ -195,7 +196,10 @@ async fn run(cli: Cli) -> u8 {
     match outcome {
         Ok(code) => code,
         Err(failure) => {
-            eprintln!("relock: {}", failure.message);
+            // A closed stdout has nothing to say.
+            if !failure.message.is_empty() {
+                eprintln!("relock: {}", failure.message);
+            }
             failure.code
         }
     }
@@ -294,12 +298,47 @@ async fn unlock(client: &LockClient, cli: &Cli, name: &str, yes: bool) -> Result
     Ok(OK)
 }
 
-/// How `watch` learns of changes.
+/// How `watch` learns of changes: the subscriber connection and what it delivers.
+#[derive(Default)]
 struct Feed {
+    /// Kept open while watching.
+    subscriber: Option<Client>,
     /// Subscribed to the keyspace channel of the lock key as well as its release channel.
     notified: bool,
-    /// The subscriber connection, kept open while watching.
-    subscriber: Option<Client>,
+    /// Release messages; keyspace notifications (which fred parses) come on their own receiver.
+    released: Option<broadcast::Receiver<fred::types::Message>>,
+    keyspace: Option<broadcast::Receiver<fred::types::KeyspaceEvent>>,
+    /// The subscriber's reconnections, after which it subscribes again (a new connection has no
+    /// subscriptions).
+    reconnects: Option<broadcast::Receiver<fred::types::config::Server>>,
+}
+
+impl Feed {
+    /// How often the lock is read besides on messages: seldom with notifications (in case one was
+    /// lost with a connection), else every 200 ms.
+    fn period(&self) -> Duration {
+        if self.notified && self.keyspace.is_some() {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_millis(200)
+        }
+    }
+}
+
+/// The next item of an optional broadcast receiver, `None` after a lag; a receiver that closed is
+/// dropped, and a missing one never answers.
+async fn next<T: Clone>(receiver: &mut Option<broadcast::Receiver<T>>) -> Option<T> {
+    let Some(rx) = receiver.as_mut() else {
+        return std::future::pending().await;
+    };
+    match rx.recv().await {
+        Ok(item) => Some(item),
+        Err(broadcast::error::RecvError::Lagged(_)) => None,
+        Err(broadcast::error::RecvError::Closed) => {
+            *receiver = None;
+            None
+        }
+    }
 }
 
 async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Result<u8, Failure> {
@@ -308,26 +347,17 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
     // The key names of keys.rs: the lock hash and its release channel.
     let key = format!("{}:{{{name}}}", cli.prefix);
     let channel = format!("{key}:released");
-    let subscriber = connect_subscriber(&cli.url, cli.timeout).await;
-    // Release messages come on one receiver, keyspace notifications (fred parses them) on another.
-    let mut released = subscriber.as_ref().map(|s| s.message_rx());
-    let mut keyspace = subscriber.as_ref().map(|s| s.keyspace_event_rx());
-    let feed = match subscriber {
-        Some(subscriber) => subscribe(subscriber, &key, &channel, enable, cli.timeout).await,
-        None => {
-            eprintln!("relock: no subscriber connection; reading the lock every 200 ms");
-            Feed {
-                notified: false,
-                subscriber: None,
-            }
+    let mut feed = Feed::default();
+    match connect_subscriber(&cli.url, cli.timeout).await {
+        Some(subscriber) => {
+            feed.released = Some(subscriber.message_rx());
+            feed.keyspace = Some(subscriber.keyspace_event_rx());
+            feed.reconnects = Some(subscriber.reconnect_rx());
+            feed.notified = subscribe(&subscriber, &key, &channel, enable, cli.timeout, true).await;
+            feed.subscriber = Some(subscriber);
         }
-    };
-    let period = if feed.notified {
-        // Only in case a message was lost with a connection.
-        Duration::from_secs(5)
-    } else {
-        Duration::from_millis(200)
-    };
+        None => eprintln!("relock: no subscriber connection; reading the lock every 200 ms"),
+    }
     if let Some(info) = &last {
         for holder in &info.holders {
             let event = Event {
@@ -340,7 +370,7 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
             emit(cli, name, &event)?;
         }
     }
-    // Said once subscribed and read, so that a caller knows from here on nothing is missed.
+    // Said once subscribed and read, so that a caller knows that from here on nothing is missed.
     let how = if feed.notified {
         "keyspace notifications"
     } else {
@@ -348,6 +378,7 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
     };
     eprintln!("relock: watching {name:?} by {how}; Ctrl-C stops");
     let mut read_at = tokio::time::Instant::now();
+    let mut period = feed.period();
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let stop = async {
@@ -361,19 +392,20 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
         let mut hint = None;
         tokio::select! {
             () = &mut stop => break,
-            _ = async {
-                match released.as_mut() {
-                    Some(rx) => rx.recv().await.ok(),
-                    None => std::future::pending().await,
+            _ = next(&mut feed.released) => {}
+            event = next(&mut feed.keyspace) => hint = event.map(|event| event.operation),
+            reconnected = next(&mut feed.reconnects) => {
+                if let (Some(_), Some(subscriber)) = (reconnected, &feed.subscriber) {
+                    feed.notified =
+                        subscribe(subscriber, &key, &channel, enable, cli.timeout, false).await;
                 }
-            } => {}
-            event = async {
-                match keyspace.as_mut() {
-                    Some(rx) => rx.recv().await.ok(),
-                    None => std::future::pending().await,
-                }
-            } => hint = event.map(|event| event.operation),
+            }
             _ = ticks.tick() => {}
+        }
+        if feed.period() != period {
+            period = feed.period();
+            ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
         let now = match client.inspect(name).await {
             Ok(now) => now,
@@ -506,13 +538,22 @@ async fn connect_subscriber(url: &str, timeout: Duration) -> Option<Client> {
 
 /// Subscribes to the release channel and, when the server sends keyspace notifications (or is
 /// told to by `enable`), to the lock key's keyspace channel, on the server that holds the key.
-async fn subscribe(subscriber: Client, key: &str, channel: &str, enable: bool, timeout: Duration) -> Feed {
+/// True if keyspace notifications come. `announce`: say on stderr why they do not.
+async fn subscribe(
+    subscriber: &Client,
+    key: &str,
+    channel: &str,
+    enable: bool,
+    timeout: Duration,
+    announce: bool,
+) -> bool {
     let cluster = matches!(subscriber.client_config().server, ServerConfig::Clustered { .. });
     let slot = fred::types::cluster::ClusterRouting::hash_key(key.as_bytes());
-    let mut options = Options {
+    let bounded = Options {
         timeout: Some(timeout),
         ..Options::default()
     };
+    let mut options = bounded.clone();
     if cluster {
         options.cluster_node = subscriber
             .cached_cluster_state()
@@ -546,7 +587,7 @@ async fn subscribe(subscriber: Client, key: &str, channel: &str, enable: bool, t
             notified = false;
         }
     }
-    if !notified {
+    if !notified && announce {
         match flags {
             Some(flags) => eprintln!(
                 "relock: keyspace notifications are off (notify-keyspace-events {flags:?}); reading the \
@@ -560,14 +601,12 @@ async fn subscribe(subscriber: Client, key: &str, channel: &str, enable: bool, t
     }
     // Releases announce themselves here; on a cluster of Redis 7 or later by sharded pub/sub,
     // which older servers refuse (they publish to the classic channel then).
-    let _ = subscriber.subscribe(channel).await;
+    let bounded = subscriber.with_options(&bounded);
+    let _ = bounded.subscribe(channel).await;
     if cluster {
-        let _ = subscriber.ssubscribe(channel).await;
+        let _ = bounded.ssubscribe(channel).await;
     }
-    Feed {
-        notified,
-        subscriber: Some(subscriber),
-    }
+    notified
 }
 
 /// Whether `notify-keyspace-events` sends what `watch` needs: keyspace events of hash commands,
