@@ -21,8 +21,12 @@
 //! key). A hold shorter than one read may go unseen.
 //!
 //! Exit codes: 0 done; 1 not found or nothing to do (`show`/`unlock` of a lock nobody holds);
-//! 2 usage error (bad arguments, lock name or prefix); 3 connection or Redis error (also a bad URL);
-//! 4 confirmation refused (`unlock` answered anything but `y`/`yes`).
+//! 2 usage error (bad arguments, lock name or prefix); 3 connection or Redis error (also a bad URL,
+//! or a key at the lock's name that is not a relock lock); 4 confirmation refused (`unlock`
+//! answered anything but `y`/`yes`, or stdin closed).
+//!
+//! `unlock` prints the lock as read just before it removed it: a holder that changed in between
+//! (a release and a new acquisition) is removed all the same.
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -53,7 +57,7 @@ Exit codes:
   0  done
   1  not found or nothing to do (show/unlock of a lock nobody holds)
   2  usage error (bad arguments, lock name or prefix)
-  3  connection or Redis error (also a bad URL)
+  3  connection or Redis error (also a bad URL, or a key that is not a relock lock)
   4  confirmation refused (unlock)";
 
 /// Inspect and manage relock's distributed locks in Redis.
@@ -62,9 +66,11 @@ Exit codes:
 struct Cli {
     /// Redis URL: redis://, redis-cluster://host:port?node=host2:port2, redis-sentinel://, or the
     /// rediss forms.
+    // The environment's value is not shown by --help: it may carry a password.
     #[arg(
         long,
         env = "REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         global = true
     )]
