@@ -460,6 +460,9 @@ async fn next_line(watch: &mut Watch, text: &str, limit: Duration) -> String {
     .await
     .expect("thread");
     watch.lines = lines;
+    if let Some(line) = &line {
+        println!("{line}");
+    }
     line.unwrap_or_else(|| panic!("no {text} event from watch within {limit:?}"))
 }
 

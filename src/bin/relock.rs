@@ -348,6 +348,9 @@ async fn next<T: Clone>(receiver: &mut Option<broadcast::Receiver<T>>) -> Option
 }
 
 async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Result<u8, Failure> {
+    // When the latest read was sent: a hold gone by the next read ran out (rather than was released)
+    // if its lease then left no more than the time since (the server read it after this instant).
+    let mut sent = tokio::time::Instant::now();
     // The first read checks the name (no I/O for a bad one) and the connection.
     let mut last = client.inspect(name).await?;
     // The key names of keys.rs: the lock hash and its release channel.
@@ -383,7 +386,6 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
         "a read every 200 ms"
     };
     eprintln!("relock: watching {name:?} by {how}; Ctrl-C stops");
-    let mut read_at = tokio::time::Instant::now();
     let mut period = feed.period();
     let mut ticks = tokio::time::interval(period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -413,6 +415,7 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
             ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         }
+        let sending = tokio::time::Instant::now();
         let now = match client.inspect(name).await {
             Ok(now) => now,
             Err(err) => {
@@ -421,13 +424,15 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
                 continue;
             }
         };
-        let elapsed = read_at.elapsed();
-        read_at = tokio::time::Instant::now();
+        let elapsed = sent.elapsed();
+        sent = sending;
+        // With notifications the server says so; without, the lease tells (a release in the last
+        // few milliseconds of a lease reads as an expiry).
         let expired = |info: &LockInfo| {
             hint.as_deref() == Some("expired")
                 || info
                     .ttl
-                    .is_some_and(|ttl| elapsed + Duration::from_millis(50) >= ttl)
+                    .is_some_and(|ttl| elapsed + Duration::from_millis(10) >= ttl)
         };
         for event in changes(last.as_ref(), now.as_ref(), expired) {
             emit(cli, name, &event)?;
