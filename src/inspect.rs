@@ -1,1 +1,395 @@
-//! What is held, read from Redis, for operators (work in progress).
+//! What is held, read from Redis, for operators: one lock's holders, lease and fence
+//! ([`LockClient::inspect`]), and every held lock of the client's prefix
+//! ([`LockClient::held_locks`]). Reads only: nothing here changes a key.
+//!
+//! A lock is the hash `{prefix}:{name}` (see `keys.rs`) whose fields are holds, `client:owner:generation`
+//! (see `Owner::id_for` and `hold.rs`), each with its hold count; its fence counter is
+//! `{prefix}:{name}:fence`.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use fred::clients::{Client, WithOptions};
+use fred::interfaces::ClientLike;
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use crate::config::check_name;
+use crate::keys::LockKeys;
+use crate::link::{NodeClient, RetryPause};
+use crate::scripts::not_run;
+use crate::{Error, LockClient};
+
+/// One lock as read from Redis at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockInfo {
+    /// The lock's name, as given to [`LockClient::lock`].
+    pub name: String,
+    /// The Redis key of the lock hash (`{prefix}:{name}`, braces included).
+    pub key: String,
+    /// The holds in the hash. Normally one; a second one is an ended generation of the same owner
+    /// whose removal is still on its way.
+    pub holders: Vec<Holder>,
+    /// The time left on the lease (`PTTL`); `None` if the key has no expiry, which relock never
+    /// leaves behind.
+    pub ttl: Option<Duration>,
+    /// The fencing counter of the name: the token of its latest fresh acquisition (on this master),
+    /// `None` if there is none or it is not a number.
+    pub fence: Option<u64>,
+}
+
+impl LockInfo {
+    /// The sum of the holders' hold counts: the reentrancy depth of the (normally single) holder.
+    pub fn hold_count(&self) -> u64 {
+        self.holders.iter().map(|h| h.count).sum()
+    }
+}
+
+/// One hold of a lock: a field of the lock hash, `client:owner:generation`, and its count.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Holder {
+    /// The whole hash field, as stored.
+    pub field: String,
+    /// The id of the [`LockClient`] that holds it (a UUID in 32 hex digits, random per client).
+    pub client_id: String,
+    /// The owner within that client: `t<id>` for a tokio task, `th<id>` for a thread, `o<uuid>`
+    /// for an explicit [`Owner`](crate::Owner).
+    pub owner: String,
+    /// The generation of the hold: one uninterrupted possession, unique in the holder's process.
+    pub generation: u64,
+    /// The hold count: how many times the owner acquired it without releasing.
+    pub count: u64,
+}
+
+impl Holder {
+    /// Parses a field and its count; `None` if it is not one relock writes.
+    fn parse(field: &str, count: &str) -> Option<Holder> {
+        let (client_id, rest) = field.split_once(':')?;
+        let (owner, generation) = rest.rsplit_once(':')?;
+        let valid = client_id.len() == 32
+            && client_id.bytes().all(|b| b.is_ascii_hexdigit())
+            && !owner.is_empty()
+            && !owner.chars().any(char::is_control)
+            && generation.bytes().all(|b| b.is_ascii_digit());
+        if !valid {
+            return None;
+        }
+        Some(Holder {
+            field: field.to_string(),
+            client_id: client_id.to_string(),
+            owner: owner.to_string(),
+            generation: generation.parse().ok()?,
+            count: count.parse().ok()?,
+        })
+    }
+}
+
+/// One consistent read of a lock: the type of its key, the fence, and for a hash its `PTTL` and
+/// fields. A fence of another type reads as none rather than failing the read.
+const READ: &str = r"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local fence = false
+if redis.call('TYPE', KEYS[2])['ok'] == 'string' then
+  fence = redis.call('GET', KEYS[2])
+end
+if kind ~= 'hash' then
+  return {kind, fence}
+end
+return {kind, fence, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
+";
+
+/// The most lock reads in flight at once while listing.
+const READS_IN_FLIGHT: usize = 64;
+
+/// Keys asked of `SCAN` per call: large enough that a big keyspace takes few round trips, small
+/// enough that one call does not block the server for long.
+const SCAN_COUNT: i64 = 1000;
+
+/// How many times a read redirected by a resharding cluster (`MOVED`, `ASK`) is made again.
+const TRIES: usize = 5;
+
+/// A lock read: not there, there but not a relock lock, or a lock.
+enum Read {
+    Free,
+    Foreign,
+    Held(LockInfo),
+}
+
+impl LockClient {
+    /// The state of the lock `name` on this client's Redis: its holders, the time left on its lease
+    /// and its fencing counter, read in one script call (consistent). `Ok(None)` if nobody holds it.
+    /// Reads only.
+    ///
+    /// Fails with [`Error::InvalidName`] for a name no lock can have (before any I/O), with
+    /// [`Error::WrongType`] if the key holds something that is not a relock lock, and within the
+    /// command timeout with [`Error::Timeout`] or [`Error::Redis`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+    /// if let Some(info) = client.inspect("inventory:sku-42").await? {
+    ///     for holder in &info.holders {
+    ///         println!("{}:{} holds it {} times", holder.client_id, holder.owner, holder.count);
+    ///     }
+    ///     println!("lease left {:?}, fence {:?}", info.ttl, info.fence);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>, Error> {
+        check_name(name)?;
+        let keys = LockKeys::new(self.config().get_key_prefix(), name);
+        match read(self.link(), &keys).await? {
+            Read::Free => Ok(None),
+            Read::Foreign => Err(Error::WrongType(keys.lock.to_string())),
+            Read::Held(info) => Ok(Some(info)),
+        }
+    }
+
+    /// Every lock held on this client's Redis under its key prefix, sorted by name; with a
+    /// `pattern`, only those whose name matches it (a Redis glob: `*`, `?`, `[abc]`, `\` escapes).
+    /// On a cluster, every primary is scanned. Keys under the prefix that are not relock locks are
+    /// left out.
+    ///
+    /// Uses `SCAN` (never `KEYS`, which blocks the server), so a lock taken or released while the
+    /// scan runs may or may not be listed; each lock listed is read consistently. Reads only. Each
+    /// request is bounded by the command timeout; the whole takes a round trip per thousand keys of
+    /// the keyspace.
+    ///
+    /// Fails with [`Error::InvalidName`] for a pattern with braces or control characters (no lock
+    /// name has them), before any I/O.
+    pub async fn held_locks(&self, pattern: Option<&str>) -> Result<Vec<LockInfo>, Error> {
+        let pattern = pattern.unwrap_or("*");
+        if pattern.contains(['{', '}']) || pattern.chars().any(char::is_control) {
+            return Err(Error::InvalidName(format!(
+                "the pattern must not contain braces or control characters: {pattern:?}"
+            )));
+        }
+        let prefix = self.config().get_key_prefix();
+        let link = self.link();
+        let matching = format!("{}:{{{pattern}}}", escape_glob(prefix));
+        let mut names = BTreeSet::new();
+        let primaries = link.topology.primaries(&link.client, &link.options);
+        if primaries.is_empty() {
+            // A cluster whose slot map is not known: an empty list would be a lie.
+            return Err(Error::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Cluster,
+                "the cluster's primaries are not known yet",
+            )));
+        }
+        for primary in primaries {
+            for key in scan(link, &primary, &matching).await? {
+                if let Some(name) = name_of(&key, prefix) {
+                    names.insert(name.to_string());
+                }
+            }
+        }
+        let names: Vec<String> = names.into_iter().collect();
+        let mut out = Vec::new();
+        for chunk in names.chunks(READS_IN_FLIGHT) {
+            let reads = chunk.iter().map(|name| async move {
+                let keys = LockKeys::new(prefix, name);
+                read(link, &keys).await
+            });
+            for outcome in futures::future::join_all(reads).await {
+                if let Read::Held(info) = outcome? {
+                    out.push(info);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn link(&self) -> &NodeClient {
+        &self.core.masters.nodes[0].link
+    }
+}
+
+/// `pattern` with the characters special to Redis globs escaped, to match itself only.
+fn escape_glob(pattern: &str) -> String {
+    let mut out = String::with_capacity(pattern.len());
+    for c in pattern.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The lock name in a key `{prefix}:{name}`, if it is one a lock can have.
+fn name_of<'k>(key: &'k str, prefix: &str) -> Option<&'k str> {
+    let name = key.strip_prefix(prefix)?.strip_prefix(":{")?.strip_suffix('}')?;
+    check_name(name).ok()?;
+    Some(name)
+}
+
+/// Every key that `SCAN ... MATCH pattern` finds on one server (a cluster primary, or the server).
+async fn scan(link: &NodeClient, server: &WithOptions<Client>, pattern: &str) -> Result<Vec<String>, Error> {
+    let command = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
+    let mut cursor = "0".to_string();
+    let mut keys = Vec::new();
+    loop {
+        let args: Vec<Value> = vec![
+            cursor.as_str().into(),
+            "MATCH".into(),
+            pattern.into(),
+            "COUNT".into(),
+            SCAN_COUNT.into(),
+        ];
+        let reply: Value = bounded(link, server.custom(command.clone(), args)).await?;
+        let Value::Array(mut parts) = reply else {
+            return Err(malformed("SCAN", &reply));
+        };
+        let (Some(found), Some(next), None) = (parts.pop(), parts.pop(), parts.pop()) else {
+            return Err(malformed("SCAN", &Value::Array(parts)));
+        };
+        let Some(next) = next.as_string() else {
+            return Err(malformed("SCAN", &next));
+        };
+        let Value::Array(found) = found else {
+            return Err(malformed("SCAN", &found));
+        };
+        // A key that is not UTF-8 is no lock's: names are strings.
+        keys.extend(found.iter().filter_map(|key| key.as_str().map(|k| k.to_string())));
+        if next == "0" {
+            return Ok(keys);
+        }
+        cursor = next;
+    }
+}
+
+/// Reads one lock in one script call, made again where a resharding cluster redirected it.
+async fn read(link: &NodeClient, keys: &LockKeys) -> Result<Read, Error> {
+    let slot = link.topology.slot(&keys.lock);
+    let command = CustomCommand::new("EVAL", ClusterHash::Custom(slot), false);
+    let args: Vec<Value> = vec![
+        READ.into(),
+        2i64.into(),
+        (&*keys.lock).into(),
+        (&*keys.fence).into(),
+    ];
+    let mut pause = RetryPause::new();
+    let mut tries = 0;
+    let reply = loop {
+        tries += 1;
+        match tokio::time::timeout(
+            link.timeout + BACKSTOP,
+            link.cmd.custom(command.clone(), args.clone()),
+        )
+        .await
+        {
+            Err(_) => return Err(Error::Timeout(link.timeout)),
+            Ok(Err(err)) if not_run(&err) && tries < TRIES => pause.wait().await,
+            Ok(Err(err)) => return Err(link.redis_error(err)),
+            Ok(Ok(reply)) => break reply,
+        }
+    };
+    parse(&keys.name, &keys.lock, reply)
+}
+
+/// The reply of [`READ`] as a [`Read`].
+fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
+    let Value::Array(parts) = reply else {
+        return Err(malformed("lock read", &reply));
+    };
+    let kind = parts.first().and_then(Value::as_string).unwrap_or_default();
+    let fence = parts
+        .get(1)
+        .and_then(Value::as_string)
+        .and_then(|f| f.parse::<u64>().ok());
+    match kind.as_str() {
+        "none" => return Ok(Read::Free),
+        "hash" => {}
+        _ => return Ok(Read::Foreign),
+    }
+    let ttl = match parts.get(2).and_then(Value::as_i64) {
+        // -2: expired between TYPE and PTTL cannot happen inside a script; be safe anyway.
+        Some(-2) => return Ok(Read::Free),
+        Some(ms) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
+        Some(_) => None,
+        None => return Err(malformed("lock read", &Value::Array(parts))),
+    };
+    let Some(Value::Array(fields)) = parts.get(3) else {
+        return Err(malformed("lock read", &Value::Array(parts)));
+    };
+    let mut holders = Vec::with_capacity(fields.len() / 2);
+    for pair in fields.chunks(2) {
+        let (Some(field), Some(count)) = (
+            pair.first().and_then(Value::as_string),
+            pair.get(1).and_then(Value::as_string),
+        ) else {
+            return Ok(Read::Foreign);
+        };
+        match Holder::parse(&field, &count) {
+            Some(holder) => holders.push(holder),
+            None => return Ok(Read::Foreign),
+        }
+    }
+    if holders.is_empty() {
+        return Ok(Read::Foreign);
+    }
+    Ok(Read::Held(LockInfo {
+        name: name.to_string(),
+        key: key.to_string(),
+        holders,
+        ttl,
+        fence,
+    }))
+}
+
+/// One request bounded as the node bounds its own: fred's per-command timeout of `link.cmd`, and
+/// a backstop a little later.
+async fn bounded<R>(
+    link: &NodeClient,
+    request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
+) -> Result<R, Error> {
+    match tokio::time::timeout(link.timeout + BACKSTOP, request).await {
+        Ok(outcome) => outcome.map_err(|err| link.redis_error(err)),
+        Err(_) => Err(Error::Timeout(link.timeout)),
+    }
+}
+
+/// How much later than fred's own timeout a read is abandoned.
+const BACKSTOP: Duration = Duration::from_millis(20);
+
+fn malformed(what: &str, reply: &Value) -> Error {
+    Error::Redis(fred::error::Error::new(
+        fred::error::ErrorKind::Parse,
+        format!("unexpected reply to the {what}: {reply:?}"),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_parses_fields_relock_writes_and_nothing_else() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let holder = Holder::parse(&format!("{id}:t42:7"), "2").expect("a relock field");
+        assert_eq!(
+            (
+                holder.client_id.as_str(),
+                holder.owner.as_str(),
+                holder.generation,
+                holder.count
+            ),
+            (id, "t42", 7, 2)
+        );
+        assert!(Holder::parse(&format!("{id}:t42:7"), "x").is_none());
+        assert!(Holder::parse(&format!("{id}:t42:"), "1").is_none());
+        assert!(Holder::parse(&format!("{id}::7"), "1").is_none());
+        assert!(Holder::parse("nothex:t1:1", "1").is_none());
+        assert!(Holder::parse("plain", "1").is_none());
+    }
+
+    #[test]
+    fn inspect_finds_names_in_keys_of_its_prefix_only() {
+        assert_eq!(name_of("relock:{a:b}", "relock"), Some("a:b"));
+        assert_eq!(name_of("relock:{a}:fence", "relock"), None);
+        assert_eq!(name_of("relock:{}", "relock"), None);
+        assert_eq!(name_of("other:{a}", "relock"), None);
+        assert_eq!(escape_glob("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+}

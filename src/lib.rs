@@ -95,6 +95,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use guard::LockGuard;
+pub use inspect::{Holder, LockInfo};
 pub use lock::Lock;
 pub use multi::MultiLock;
 pub use owner::Owner;

@@ -1,3 +1,785 @@
-//! `relock`: an inspector for the locks relock keeps in Redis (work in progress).
+//! `relock`: an inspector for the locks relock keeps in Redis.
+//!
+//! ```text
+//! relock list [PATTERN]      held locks (name, holder, hold count, lease left, fence), by SCAN
+//! relock show NAME           one lock in detail
+//! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
+//! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
+//! ```
+//!
+//! Global options: `--url` (or `REDIS_URL`; `redis://`, `redis-cluster://`, `redis-sentinel://`
+//! and their TLS forms), `--prefix` (the key prefix of the locks, as `LockConfig::key_prefix`),
+//! `--timeout` (seconds per Redis request) and `--json` (one JSON document, or for `watch` one per
+//! line).
+//!
+//! `watch` does not poll when it need not: it subscribes to the lock's release channel and, when
+//! the server has keyspace notifications on for hashes, generic commands and expiries
+//! (`notify-keyspace-events` with `K` and `A`, or `K`, `g`, `h` and `x`), to the lock key's keyspace
+//! channel, and reads the lock again on each message (and every 5 s, in case a message was lost
+//! with a connection). With the notifications off it says so on stderr and reads the lock every
+//! 200 ms instead; `--enable-notifications` turns them on (`CONFIG SET`, on the server that holds the
+//! key). A hold shorter than one read may go unseen.
+//!
+//! Exit codes: 0 done; 1 not found or nothing to do (`show`/`unlock` of a lock nobody holds);
+//! 2 usage error (bad arguments, lock name or prefix); 3 connection or Redis error (also a bad URL,
+//! or a key at the lock's name that is not a relock lock); 4 confirmation refused (`unlock`
+//! answered anything but `y`/`yes`, or stdin closed).
+//!
+//! `unlock` prints the lock as read just before it removed it: a holder that changed in between
+//! (a release and a new acquisition) is removed all the same.
 
-fn main() {}
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Parser, Subcommand};
+use fred::clients::Client;
+use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
+use fred::prelude::{Builder, Config, ReconnectPolicy};
+use fred::types::config::{Options, ServerConfig};
+use fred::types::{ClusterHash, CustomCommand, Value};
+use relock::{Error, Holder, LockClient, LockConfig, LockInfo};
+use tokio::sync::broadcast;
+
+/// Done.
+const OK: u8 = 0;
+/// Not found, nothing to do.
+const NOT_FOUND: u8 = 1;
+/// Bad arguments (clap's own code for them).
+const USAGE: u8 = 2;
+/// Connection or Redis error.
+const REDIS: u8 = 3;
+/// The confirmation was refused.
+const REFUSED: u8 = 4;
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  done
+  1  not found or nothing to do (show/unlock of a lock nobody holds)
+  2  usage error (bad arguments, lock name or prefix)
+  3  connection or Redis error (also a bad URL, or a key that is not a relock lock)
+  4  confirmation refused (unlock)";
+
+/// Inspect and manage relock's distributed locks in Redis.
+#[derive(Debug, Parser)]
+#[command(name = "relock", version, after_help = EXIT_CODES)]
+struct Cli {
+    /// Redis URL: redis://, redis-cluster://host:port?node=host2:port2, redis-sentinel://, or the
+    /// rediss forms.
+    // The environment's value is not shown by --help: it may carry a password.
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
+    url: String,
+    /// Key prefix of the locks (LockConfig::key_prefix).
+    #[arg(long, default_value_t = LockConfig::default().get_key_prefix().to_string(), global = true)]
+    prefix: String,
+    /// Seconds each Redis request may take.
+    #[arg(long, default_value = "5", value_parser = seconds, global = true)]
+    timeout: Duration,
+    /// Machine-readable output: JSON (for watch, one object per line).
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List held locks: name, holder (client id and task), hold count, lease left, fence.
+    List {
+        /// Only locks whose name matches this Redis glob (*, ?, [abc]).
+        pattern: Option<String>,
+    },
+    /// Show one lock in detail (exit code 1 if nobody holds it).
+    Show {
+        /// The lock's name.
+        name: String,
+    },
+    /// Remove a lock whoever holds it, and print what was removed. The holder learns it at its
+    /// watchdog's next round.
+    Unlock {
+        /// The lock's name.
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(long, short)]
+        yes: bool,
+    },
+    /// Print acquire, re-enter, release and expire events of a lock until Ctrl-C. Uses keyspace
+    /// notifications when the server has them on, else reads the lock every 200 ms.
+    Watch {
+        /// The lock's name.
+        name: String,
+        /// Turn keyspace notifications on (CONFIG SET notify-keyspace-events, adding K, g, h and x)
+        /// if they are off.
+        #[arg(long)]
+        enable_notifications: bool,
+    },
+}
+
+/// Why the command stopped early: an exit code and what to say on stderr.
+struct Failure {
+    code: u8,
+    message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Failure {
+        let code = if err.is_bad_input() { USAGE } else { REDIS };
+        Failure::new(code, err.to_string())
+    }
+}
+
+fn seconds(arg: &str) -> Result<Duration, String> {
+    let secs: f64 = arg
+        .parse()
+        .map_err(|_| format!("not a number of seconds: {arg:?}"))?;
+    if !(0.001..=3600.0).contains(&secs) {
+        return Err("the timeout must be 0.001 to 3600 seconds".into());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn main() -> ExitCode {
+    // Usage errors exit here with clap's code 2 (and --help, --version with 0).
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("relock: cannot start the runtime: {err}");
+            return ExitCode::from(REDIS);
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    // fred's connection tasks are not waited for.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    ExitCode::from(code)
+}
+
+async fn run(cli: Cli) -> u8 {
+    let config = LockConfig::default()
+        .key_prefix(cli.prefix.clone())
+        .command_timeout(cli.timeout);
+    // A bad prefix is a usage error, not a connection error: checked before connecting.
+    if let Err(err) = config.validate() {
+        eprintln!("relock: {err}");
+        return USAGE;
+    }
+    let client = match LockClient::connect_with(&cli.url, config).await {
+        Ok(client) => client,
+        Err(err) => {
+            eprintln!("relock: cannot use {}: {err}", redact(&cli.url));
+            return REDIS;
+        }
+    };
+    let outcome = match &cli.command {
+        Command::List { pattern } => list(&client, &cli, pattern.as_deref()).await,
+        Command::Show { name } => show(&client, &cli, name).await,
+        Command::Unlock { name, yes } => unlock(&client, &cli, name, *yes).await,
+        Command::Watch {
+            name,
+            enable_notifications,
+        } => watch(&client, &cli, name, *enable_notifications).await,
+    };
+    client.shutdown().await;
+    match outcome {
+        Ok(code) => code,
+        Err(failure) => {
+            // A closed stdout has nothing to say.
+            if !failure.message.is_empty() {
+                eprintln!("relock: {}", failure.message);
+            }
+            failure.code
+        }
+    }
+}
+
+async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
+    let locks = client.held_locks(pattern).await?;
+    if cli.json {
+        let items: Vec<String> = locks.iter().map(info_json).collect();
+        out(&format!("[{}]", items.join(",")))?;
+        return Ok(OK);
+    }
+    if locks.is_empty() {
+        eprintln!("relock: no locks held");
+        return Ok(OK);
+    }
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "OWNER".to_string(),
+        "HOLDS".to_string(),
+        "TTL".to_string(),
+        "FENCE".to_string(),
+    ]];
+    for info in &locks {
+        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+        rows.push([
+            info.name.clone(),
+            owners.join(","),
+            info.hold_count().to_string(),
+            ttl_text(info.ttl),
+            info.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
+        ]);
+    }
+    out(&table(&rows))?;
+    Ok(OK)
+}
+
+async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure> {
+    let Some(info) = client.inspect(name).await? else {
+        if cli.json {
+            out("null")?;
+        }
+        eprintln!("relock: lock {name:?} is not held");
+        return Ok(NOT_FOUND);
+    };
+    if cli.json {
+        out(&info_json(&info))?;
+    } else {
+        out(&detail(&info))?;
+    }
+    Ok(OK)
+}
+
+async fn unlock(client: &LockClient, cli: &Cli, name: &str, yes: bool) -> Result<u8, Failure> {
+    // Read first, to say what goes (and to ask about something real).
+    let Some(info) = client.inspect(name).await? else {
+        eprintln!("relock: lock {name:?} is not held; nothing removed");
+        return Ok(NOT_FOUND);
+    };
+    if !yes {
+        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+        eprint!(
+            "Remove lock {:?}, held by {} (count {})? [y/N] ",
+            info.name,
+            owners.join(", "),
+            info.hold_count()
+        );
+        let _ = std::io::stderr().flush();
+        let answer = tokio::task::spawn_blocking(|| {
+            let mut line = String::new();
+            std::io::stdin().read_line(&mut line).map(|_| line)
+        })
+        .await;
+        let agreed = matches!(
+            answer,
+            Ok(Ok(line)) if matches!(line.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+        );
+        if !agreed {
+            eprintln!("relock: not confirmed; nothing removed");
+            return Ok(REFUSED);
+        }
+    }
+    let removed = client.lock(name).force_unlock().await?;
+    if cli.json {
+        out(&format!(
+            "{{\"removed\":{removed},\"lock\":{}}}",
+            info_json(&info)
+        ))?;
+    } else if removed {
+        out(&format!("removed:\n{}", detail(&info)))?;
+    }
+    if !removed {
+        eprintln!("relock: lock {name:?} was released meanwhile; nothing removed");
+        return Ok(NOT_FOUND);
+    }
+    Ok(OK)
+}
+
+/// How `watch` learns of changes: the subscriber connection and what it delivers.
+#[derive(Default)]
+struct Feed {
+    /// Kept open while watching.
+    subscriber: Option<Client>,
+    /// Subscribed to the keyspace channel of the lock key as well as its release channel.
+    notified: bool,
+    /// Release messages; keyspace notifications (which fred parses) come on their own receiver.
+    released: Option<broadcast::Receiver<fred::types::Message>>,
+    keyspace: Option<broadcast::Receiver<fred::types::KeyspaceEvent>>,
+    /// The subscriber's reconnections, after which it subscribes again (a new connection has no
+    /// subscriptions).
+    reconnects: Option<broadcast::Receiver<fred::types::config::Server>>,
+}
+
+impl Feed {
+    /// How often the lock is read besides on messages: seldom with notifications (in case one was
+    /// lost with a connection), else every 200 ms.
+    fn period(&self) -> Duration {
+        if self.notified && self.keyspace.is_some() {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_millis(200)
+        }
+    }
+}
+
+/// The next item of an optional broadcast receiver, `None` after a lag; a receiver that closed is
+/// dropped, and a missing one never answers.
+async fn next<T: Clone>(receiver: &mut Option<broadcast::Receiver<T>>) -> Option<T> {
+    let Some(rx) = receiver.as_mut() else {
+        return std::future::pending().await;
+    };
+    match rx.recv().await {
+        Ok(item) => Some(item),
+        Err(broadcast::error::RecvError::Lagged(_)) => None,
+        Err(broadcast::error::RecvError::Closed) => {
+            *receiver = None;
+            None
+        }
+    }
+}
+
+async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Result<u8, Failure> {
+    // When the latest read was sent: a hold gone by the next read ran out (rather than was released)
+    // if its lease then left no more than the time since (the server read it after this instant).
+    let mut sent = tokio::time::Instant::now();
+    // The first read checks the name (no I/O for a bad one) and the connection.
+    let mut last = client.inspect(name).await?;
+    // The key names of keys.rs: the lock hash and its release channel.
+    let key = format!("{}:{{{name}}}", cli.prefix);
+    let channel = format!("{key}:released");
+    let mut feed = Feed::default();
+    match connect_subscriber(&cli.url, cli.timeout).await {
+        Some(subscriber) => {
+            feed.released = Some(subscriber.message_rx());
+            feed.keyspace = Some(subscriber.keyspace_event_rx());
+            feed.reconnects = Some(subscriber.reconnect_rx());
+            feed.notified = subscribe(&subscriber, &key, &channel, enable, cli.timeout, true).await;
+            feed.subscriber = Some(subscriber);
+        }
+        None => eprintln!("relock: no subscriber connection; reading the lock every 200 ms"),
+    }
+    if let Some(info) = &last {
+        for holder in &info.holders {
+            let event = Event {
+                kind: "held",
+                holder,
+                count: holder.count,
+                ttl: info.ttl,
+                fence: info.fence,
+            };
+            emit(cli, name, &event)?;
+        }
+    }
+    // Said once subscribed and read, so that a caller knows that from here on nothing is missed.
+    let how = if feed.notified {
+        "keyspace notifications"
+    } else {
+        "a read every 200 ms"
+    };
+    eprintln!("relock: watching {name:?} by {how}; Ctrl-C stops");
+    let mut period = feed.period();
+    let mut ticks = tokio::time::interval(period);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let stop = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            // No signal handler: run until killed.
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::pin!(stop);
+    loop {
+        let mut hint = None;
+        tokio::select! {
+            () = &mut stop => break,
+            _ = next(&mut feed.released) => {}
+            event = next(&mut feed.keyspace) => hint = event.map(|event| event.operation),
+            reconnected = next(&mut feed.reconnects) => {
+                if let (Some(_), Some(subscriber)) = (reconnected, &feed.subscriber) {
+                    feed.notified =
+                        subscribe(subscriber, &key, &channel, enable, cli.timeout, false).await;
+                }
+            }
+            _ = ticks.tick() => {}
+        }
+        if feed.period() != period {
+            period = feed.period();
+            ticks = tokio::time::interval(period);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        let sending = tokio::time::Instant::now();
+        let now = match client.inspect(name).await {
+            Ok(now) => now,
+            Err(err) => {
+                // Passing (a reconnect, a timeout): say so, keep watching.
+                eprintln!("relock: reading {name:?} failed: {err}");
+                continue;
+            }
+        };
+        let elapsed = sent.elapsed();
+        sent = sending;
+        // With notifications the server says so; without, the lease tells (a release in the last
+        // few milliseconds of a lease reads as an expiry).
+        let expired = |info: &LockInfo| {
+            hint.as_deref() == Some("expired")
+                || info
+                    .ttl
+                    .is_some_and(|ttl| elapsed + Duration::from_millis(10) >= ttl)
+        };
+        for event in changes(last.as_ref(), now.as_ref(), expired) {
+            emit(cli, name, &event)?;
+        }
+        last = now;
+    }
+    if let Some(subscriber) = feed.subscriber {
+        let _ = tokio::time::timeout(Duration::from_millis(500), subscriber.quit()).await;
+    }
+    Ok(OK)
+}
+
+/// One change of a lock, as `watch` prints it.
+struct Event<'a> {
+    kind: &'static str,
+    holder: &'a Holder,
+    /// The holder's count after the event (0 once it holds nothing).
+    count: u64,
+    /// The lease left after the event, `None` when the lock is free.
+    ttl: Option<Duration>,
+    fence: Option<u64>,
+}
+
+/// The events between two reads of a lock. `expired`: whether a hold of the earlier read that is
+/// gone ran out rather than was released.
+fn changes<'a>(
+    before: Option<&'a LockInfo>,
+    after: Option<&'a LockInfo>,
+    expired: impl Fn(&LockInfo) -> bool,
+) -> Vec<Event<'a>> {
+    let mut events = Vec::new();
+    let ttl = after.and_then(|a| a.ttl);
+    let fence = after.or(before).and_then(|i| i.fence);
+    if let Some(before) = before {
+        let gone = before
+            .holders
+            .iter()
+            .filter(|h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)));
+        for holder in gone {
+            let kind = if expired(before) { "expire" } else { "release" };
+            events.push(Event {
+                kind,
+                holder,
+                count: 0,
+                ttl,
+                fence,
+            });
+        }
+    }
+    if let Some(after) = after {
+        for holder in &after.holders {
+            let earlier = before.and_then(|b| b.holders.iter().find(|h| h.field == holder.field));
+            let kind = match earlier {
+                None => "acquire",
+                Some(earlier) if holder.count > earlier.count => "reenter",
+                Some(earlier) if holder.count < earlier.count => "release",
+                Some(_) => continue,
+            };
+            events.push(Event {
+                kind,
+                holder,
+                count: holder.count,
+                ttl,
+                fence,
+            });
+        }
+    }
+    events
+}
+
+/// One event line: text, or a JSON object.
+fn emit(cli: &Cli, name: &str, event: &Event<'_>) -> Result<(), Failure> {
+    let time = timestamp(SystemTime::now());
+    let count = event.count;
+    let line = if cli.json {
+        format!(
+            "{{\"time\":{},\"event\":{},\"lock\":{},\"holder\":{},\"count\":{count},\"ttl_ms\":{},\"fence\":{}}}",
+            json_str(&time),
+            json_str(event.kind),
+            json_str(name),
+            holder_json(event.holder),
+            event.ttl.map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
+            event.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
+        )
+    } else {
+        format!(
+            "{time} {:<7} {name} holder={} count={count} ttl={} fence={}",
+            event.kind,
+            holder_name(event.holder),
+            event.ttl.map_or_else(|| "-".to_string(), |t| ttl_text(Some(t))),
+            event.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
+        )
+    };
+    out(&line)
+}
+
+/// A second connection for messages; `None` if it cannot be made (then `watch` reads on a timer).
+async fn connect_subscriber(url: &str, timeout: Duration) -> Option<Client> {
+    // The URL was accepted by LockClient::connect_with already (TLS set up there as well).
+    let config = Config::from_url(url).ok()?;
+    let client = Builder::from_config(config)
+        .with_connection_config(|conn| {
+            conn.connection_timeout = timeout;
+            conn.internal_command_timeout = timeout;
+        })
+        .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
+        .build()
+        .ok()?;
+    match tokio::time::timeout(timeout, client.init()).await {
+        Ok(Ok(_)) => Some(client),
+        _ => None,
+    }
+}
+
+/// Subscribes to the release channel and, when the server sends keyspace notifications (or is
+/// told to by `enable`), to the lock key's keyspace channel, on the server that holds the key.
+/// True if keyspace notifications come. `announce`: say on stderr why they do not.
+async fn subscribe(
+    subscriber: &Client,
+    key: &str,
+    channel: &str,
+    enable: bool,
+    timeout: Duration,
+    announce: bool,
+) -> bool {
+    let cluster = matches!(subscriber.client_config().server, ServerConfig::Clustered { .. });
+    let slot = fred::types::cluster::ClusterRouting::hash_key(key.as_bytes());
+    let bounded = Options {
+        timeout: Some(timeout),
+        ..Options::default()
+    };
+    let mut options = bounded.clone();
+    if cluster {
+        options.cluster_node = subscriber
+            .cached_cluster_state()
+            .and_then(|state| state.get_server(slot).cloned());
+    }
+    let on_key = subscriber.with_options(&options);
+    let config = CustomCommand::new_static("CONFIG", ClusterHash::Custom(slot), false);
+    let flags: Option<String> = on_key
+        .custom::<Vec<String>, _>(config.clone(), vec!["GET", "notify-keyspace-events"])
+        .await
+        .ok()
+        .and_then(|reply| reply.get(1).cloned());
+    let mut notified = flags.as_deref().is_some_and(keyspace_on);
+    if !notified && enable {
+        let flags = with_keyspace(flags.as_deref().unwrap_or(""));
+        let set: Result<Value, _> = on_key
+            .custom(config, vec!["SET", "notify-keyspace-events", flags.as_str()])
+            .await;
+        match set {
+            Ok(_) => notified = true,
+            Err(err) => eprintln!("relock: could not turn keyspace notifications on: {err}"),
+        }
+    }
+    if notified {
+        let db = match &subscriber.client_config().server {
+            ServerConfig::Clustered { .. } => 0,
+            _ => subscriber.client_config().database.unwrap_or(0),
+        };
+        if let Err(err) = on_key.subscribe(format!("__keyspace@{db}__:{key}")).await {
+            eprintln!("relock: could not subscribe to keyspace notifications: {err}");
+            notified = false;
+        }
+    }
+    if !notified && announce {
+        match flags {
+            Some(flags) => eprintln!(
+                "relock: keyspace notifications are off (notify-keyspace-events {flags:?}); reading the \
+                 lock every 200 ms instead (--enable-notifications turns them on)"
+            ),
+            None => eprintln!(
+                "relock: cannot read notify-keyspace-events (CONFIG GET refused?); reading the lock \
+                 every 200 ms instead"
+            ),
+        }
+    }
+    // Releases announce themselves here; on a cluster of Redis 7 or later by sharded pub/sub,
+    // which older servers refuse (they publish to the classic channel then).
+    let bounded = subscriber.with_options(&bounded);
+    let _ = bounded.subscribe(channel).await;
+    if cluster {
+        let _ = bounded.ssubscribe(channel).await;
+    }
+    notified
+}
+
+/// Whether `notify-keyspace-events` sends what `watch` needs: keyspace events of hash commands,
+/// generic commands (DEL, PEXPIRE) and expiries.
+fn keyspace_on(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('A') || ['g', 'h', 'x'].iter().all(|c| flags.contains(*c)))
+}
+
+/// `flags` with what `watch` needs added.
+fn with_keyspace(flags: &str) -> String {
+    let mut out = flags.to_string();
+    // `A` stands for every class of event, g, h and x among them.
+    let classes = if out.contains('A') { "K" } else { "Kghx" };
+    for c in classes.chars() {
+        if !out.contains(c) {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Writes a line to stdout. A closed pipe (`relock list | head`) ends the command quietly.
+fn out(text: &str) -> Result<(), Failure> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{text}").and_then(|()| stdout.flush()) {
+        Ok(()) => Ok(()),
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Err(Failure::new(OK, "")),
+        Err(err) => Err(Failure::new(REDIS, format!("cannot write the output: {err}"))),
+    }
+}
+
+fn detail(info: &LockInfo) -> String {
+    let mut text = format!(
+        "lock   {}\nkey    {}\nholds  {}\nttl    {}\nfence  {}",
+        info.name,
+        info.key,
+        info.hold_count(),
+        ttl_text(info.ttl),
+        info.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
+    );
+    for holder in &info.holders {
+        text.push_str(&format!(
+            "\nholder client {} owner {} generation {} count {}",
+            holder.client_id, holder.owner, holder.generation, holder.count
+        ));
+    }
+    text
+}
+
+fn holder_name(holder: &Holder) -> String {
+    format!("{}:{}", holder.client_id, holder.owner)
+}
+
+fn ttl_text(ttl: Option<Duration>) -> String {
+    match ttl {
+        Some(ttl) => format!("{:.1}s", ttl.as_secs_f64()),
+        None => "none".to_string(),
+    }
+}
+
+/// Left-aligned columns two spaces apart.
+fn table(rows: &[[String; 5]]) -> String {
+    let mut widths = [0usize; 5];
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let lines: Vec<String> = rows
+        .iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(widths)
+                .map(|(cell, width)| format!("{cell:<width$}"))
+                .collect();
+            cells.join("  ").trim_end().to_string()
+        })
+        .collect();
+    lines.join("\n")
+}
+
+fn info_json(info: &LockInfo) -> String {
+    let holders: Vec<String> = info.holders.iter().map(holder_json).collect();
+    format!(
+        "{{\"name\":{},\"key\":{},\"hold_count\":{},\"ttl_ms\":{},\"fence\":{},\"holders\":[{}]}}",
+        json_str(&info.name),
+        json_str(&info.key),
+        info.hold_count(),
+        info.ttl
+            .map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
+        info.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
+        holders.join(","),
+    )
+}
+
+fn holder_json(holder: &Holder) -> String {
+    format!(
+        "{{\"client_id\":{},\"owner\":{},\"generation\":{},\"count\":{}}}",
+        json_str(&holder.client_id),
+        json_str(&holder.owner),
+        holder.generation,
+        holder.count
+    )
+}
+
+/// A JSON string literal: quotes, backslashes and control characters escaped.
+fn json_str(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+fn timestamp(at: SystemTime) -> String {
+    let since = at.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rest / 3600,
+        rest / 60 % 60,
+        rest % 60,
+        since.subsec_millis()
+    )
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((credentials, host)) => {
+            let user = credentials.split_once(':').map_or(credentials, |(user, _)| user);
+            format!("{scheme}://{user}:***@{host}{tail}")
+        }
+        None => url.to_string(),
+    }
+}

@@ -1,0 +1,553 @@
+//! The `relock` binary and the inspection API under it, against real redis-servers: locks held by a
+//! `LockClient` here, read and removed by the binary run as a process.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use relock::{Error, LockClient, LockConfig, Owner};
+use support::topologies::RedisCluster;
+use support::{free_port, unique_name, RedisServer};
+use tokio::time::Instant;
+
+const BIN: &str = env!("CARGO_BIN_EXE_relock");
+
+fn config() -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(Duration::from_secs(3))
+        .command_timeout(Duration::from_secs(2))
+}
+
+async fn client(url: &str) -> LockClient {
+    LockClient::connect_with(url, config()).await.expect("connect")
+}
+
+/// Runs the binary to completion off the runtime, `input` on its stdin.
+async fn relock(args: &[&str], input: &str) -> Output {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let input = input.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(BIN)
+            .args(&args)
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relock");
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(input.as_bytes());
+        }
+        child.wait_with_output().expect("relock output")
+    })
+    .await
+    .expect("relock thread")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn code(output: &Output) -> Option<i32> {
+    output.status.code()
+}
+
+/// The cells of the `list` row of `name` (name, owner, holds, ttl, fence).
+fn row<'a>(table: &'a str, name: &str) -> Option<Vec<&'a str>> {
+    table
+        .lines()
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .find(|cells| cells.first() == Some(&name))
+}
+
+/// `list`, `list PATTERN`, `list --json` and `show` describe locks held here: holder, hold counts
+/// (a reentrant 2), lease left and fence; a key under the prefix that is not a lock is left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_describe_held_locks() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = client(&url).await;
+    let base = unique_name("cli");
+    let twice = format!("{base}:twice");
+    let once = format!("{base}:once");
+    // A name that JSON must escape.
+    let odd = format!("{base}:q\"uo\\te");
+    let first = holder.lock(&twice).acquire().await.expect("acquire");
+    let second = holder.lock(&twice).acquire().await.expect("re-enter");
+    assert_eq!(second.hold_count(), 2);
+    let other = holder
+        .lock(&once)
+        .owner(Owner::new())
+        .acquire()
+        .await
+        .expect("acquire");
+    let odd_guard = holder.lock(&odd).acquire().await.expect("acquire");
+    server.cmd(&["SET", &format!("relock:{{{base}:junk}}"), "not a lock"]);
+    server.cmd(&["SET", "relock:{unrelated}", "x"]);
+
+    let info = holder.inspect(&twice).await.expect("inspect").expect("held");
+    assert_eq!(info.hold_count(), 2);
+    assert_eq!(info.holders.len(), 1);
+    let client_id = info.holders[0].client_id.clone();
+    assert!(info.holders[0].owner.starts_with('t'), "{info:?}");
+    assert_eq!(info.fence, Some(first.fencing_token()));
+    assert!(info
+        .ttl
+        .is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(3)));
+
+    let listed = relock(&["--url", &url, "list", &format!("{base}:*")], "").await;
+    assert_eq!(code(&listed), Some(0), "{listed:?}");
+    let table = stdout(&listed);
+    println!("{table}");
+    assert!(table.starts_with("NAME"), "{table}");
+    let cells = row(&table, &twice).unwrap_or_else(|| panic!("{twice} missing: {table}"));
+    assert_eq!(cells.len(), 5, "{table}");
+    assert_eq!(cells[1], format!("{client_id}:{}", info.holders[0].owner));
+    assert_eq!(cells[2], "2");
+    let ttl: f64 = cells[3].trim_end_matches('s').parse().expect("ttl");
+    assert!(ttl > 0.0 && ttl <= 3.0, "{table}");
+    assert_eq!(cells[4], first.fencing_token().to_string());
+    let cells = row(&table, &once).unwrap_or_else(|| panic!("{once} missing: {table}"));
+    assert_eq!(cells[2], "1");
+    assert_eq!(cells[4], other.fencing_token().to_string());
+    assert!(!table.contains("junk") && !table.contains("unrelated"), "{table}");
+    assert_eq!(table.lines().count(), 4, "header and three locks: {table}");
+
+    // A pattern narrows the list; REDIS_URL stands for --url.
+    let narrowed = tokio::task::spawn_blocking({
+        let url = url.clone();
+        let pattern = format!("{base}:tw*");
+        move || {
+            Command::new(BIN)
+                .args(["list", &pattern])
+                .env("REDIS_URL", url)
+                .output()
+                .expect("relock")
+        }
+    })
+    .await
+    .expect("thread");
+    assert_eq!(code(&narrowed), Some(0), "{narrowed:?}");
+    let table = stdout(&narrowed);
+    assert!(
+        row(&table, &twice).is_some() && row(&table, &once).is_none(),
+        "{table}"
+    );
+
+    let json = relock(&["--url", &url, "--json", "list", &format!("{base}:*")], "").await;
+    assert_eq!(code(&json), Some(0), "{json:?}");
+    let json = stdout(&json);
+    assert!(
+        json.trim().starts_with('[') && json.trim().ends_with(']'),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!(
+            "{{\"name\":\"{twice}\",\"key\":\"relock:{{{twice}}}\",\"hold_count\":2,"
+        )),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!(
+            "\"fence\":{},\"holders\":[{{\"client_id\":\"{client_id}\"",
+            first.fencing_token()
+        )),
+        "{json}"
+    );
+    assert!(
+        json.contains(&format!("\"name\":\"{base}:q\\\"uo\\\\te\"")),
+        "{json}"
+    );
+
+    let shown = relock(&["--url", &url, "show", &twice], "").await;
+    assert_eq!(code(&shown), Some(0), "{shown:?}");
+    let text = stdout(&shown);
+    assert!(text.contains(&format!("key    relock:{{{twice}}}")), "{text}");
+    assert!(text.contains("holds  2"), "{text}");
+    assert!(
+        text.contains(&format!("fence  {}", first.fencing_token())),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("holder client {client_id} owner t")) && text.contains("count 2"),
+        "{text}"
+    );
+
+    // Another prefix sees none of them.
+    let elsewhere = relock(&["--url", &url, "--prefix", "other", "list"], "").await;
+    assert_eq!(code(&elsewhere), Some(0), "{elsewhere:?}");
+    assert!(stdout(&elsewhere).is_empty(), "{elsewhere:?}");
+
+    // Nothing was changed by looking.
+    assert!(first.is_held() && second.is_held() && other.is_held() && odd_guard.is_held());
+    let after = holder.inspect(&twice).await.expect("inspect").expect("held");
+    assert_eq!((&after.holders, after.fence), (&info.holders, info.fence));
+    holder.shutdown().await;
+}
+
+/// `show` of a lock nobody holds exits 1, of a key that is not a lock 3, of a bad name 2; a bad or
+/// unreachable URL exits 3; the inspection API refuses bad input before any I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_locks_bad_names_and_bad_urls_have_their_exit_codes() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let missing = relock(&["--url", &url, "show", &unique_name("missing")], "").await;
+    assert_eq!(code(&missing), Some(1), "{missing:?}");
+    assert!(stdout(&missing).is_empty());
+
+    server.cmd(&["SET", "relock:{a-string}", "x"]);
+    let foreign = relock(&["--url", &url, "show", "a-string"], "").await;
+    assert_eq!(code(&foreign), Some(3), "{foreign:?}");
+
+    let bad_name = relock(&["--url", &url, "show", "a{b}"], "").await;
+    assert_eq!(code(&bad_name), Some(2), "{bad_name:?}");
+    let bad_prefix = relock(&["--url", &url, "--prefix", "", "list"], "").await;
+    assert_eq!(code(&bad_prefix), Some(2), "{bad_prefix:?}");
+    let usage = relock(&["--url", &url, "frobnicate"], "").await;
+    assert_eq!(code(&usage), Some(2), "{usage:?}");
+
+    let started = Instant::now();
+    let refused = format!("redis://127.0.0.1:{}", free_port());
+    let unreachable = relock(&["--url", &refused, "--timeout", "1", "list"], "").await;
+    assert_eq!(code(&unreachable), Some(3), "{unreachable:?}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let garbage = relock(&["--url", "not a url", "list"], "").await;
+    assert_eq!(code(&garbage), Some(3), "{garbage:?}");
+
+    let client = client(&url).await;
+    assert!(matches!(client.inspect("").await, Err(Error::InvalidName(_))));
+    assert!(matches!(client.inspect("x}").await, Err(Error::InvalidName(_))));
+    assert!(matches!(
+        client.held_locks(Some("{x")).await,
+        Err(Error::InvalidName(_))
+    ));
+    assert!(matches!(
+        client.inspect("a-string").await,
+        Err(Error::WrongType(_))
+    ));
+    assert_eq!(client.inspect(&unique_name("free")).await.expect("inspect"), None);
+    client.shutdown().await;
+}
+
+/// `unlock` answered "n" removes nothing (exit 4); `unlock --yes` removes the lock and prints what
+/// it removed: another client then acquires it, and the holder's guard learns it lost the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlock_asks_then_removes_and_the_holder_learns_it() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let holder = client(&url).await;
+    let name = unique_name("unlock");
+    let first = holder.lock(&name).acquire().await.expect("acquire");
+    let second = holder.lock(&name).acquire().await.expect("re-enter");
+
+    let refused = relock(&["--url", &url, "unlock", &name], "n\n").await;
+    assert_eq!(code(&refused), Some(4), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("[y/N]"),
+        "{refused:?}"
+    );
+    assert!(stdout(&refused).is_empty(), "{refused:?}");
+    let info = holder.inspect(&name).await.expect("inspect").expect("still held");
+    assert_eq!(info.hold_count(), 2);
+    // No answer at all (stdin closed) is no either.
+    let silent = relock(&["--url", &url, "unlock", &name], "").await;
+    assert_eq!(code(&silent), Some(4), "{silent:?}");
+    assert!(holder.lock(&name).is_locked().await.expect("is_locked"));
+
+    let removed = relock(&["--url", &url, "unlock", "--yes", &name], "").await;
+    assert_eq!(code(&removed), Some(0), "{removed:?}");
+    let text = stdout(&removed);
+    assert!(text.starts_with("removed:"), "{text}");
+    assert!(
+        text.contains(&format!("lock   {name}")) && text.contains("holds  2"),
+        "{text}"
+    );
+    assert!(text.contains(&info.holders[0].client_id), "{text}");
+
+    let other = client(&url).await;
+    let taken = other
+        .lock(&name)
+        .try_acquire_for(Duration::from_secs(5))
+        .await
+        .expect("acquire")
+        .expect("free after unlock");
+    // The watchdog renews every second (a third of 3 s): it finds the hold gone.
+    let lost = tokio::time::timeout(Duration::from_secs(10), first.lost()).await;
+    assert!(lost.is_ok(), "the holder was not told within 10 s");
+    assert!(!first.is_held() && !second.is_held());
+    drop(taken);
+
+    let nothing = relock(&["--url", &url, "unlock", "--yes", &unique_name("free")], "").await;
+    assert_eq!(code(&nothing), Some(1), "{nothing:?}");
+    holder.shutdown().await;
+    other.shutdown().await;
+}
+
+/// A running `relock watch`, its stdout and stderr read line by line on threads.
+struct Watch {
+    child: std::process::Child,
+    lines: mpsc::Receiver<String>,
+    errors: mpsc::Receiver<String>,
+}
+
+impl Watch {
+    fn start(url: &str, name: &str, extra: &[&str]) -> Watch {
+        let mut child = Command::new(BIN)
+            .args(["--url", url, "watch", name])
+            .args(extra)
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn relock watch");
+        let (out_tx, lines) = mpsc::channel();
+        let (err_tx, errors) = mpsc::channel();
+        if let Some(stdout) = child.stdout.take() {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    let _ = out_tx.send(line);
+                }
+            });
+        }
+        if let Some(stderr) = child.stderr.take() {
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                    let _ = err_tx.send(line);
+                }
+            });
+        }
+        Watch { child, lines, errors }
+    }
+
+    /// The first line of `rx` containing `text` within `limit`, the others before it discarded.
+    fn wait_for(rx: &mpsc::Receiver<String>, text: &str, limit: Duration) -> Option<String> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            match rx.recv_timeout(left) {
+                Ok(line) if line.contains(text) => return Some(line),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `watch` prints an acquire, a re-entry, a release and an expiry as they happen, by polling when
+/// the server sends no keyspace notifications (saying so), and stops with exit 0 on Ctrl-C.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_events_by_polling() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let name = unique_name("watched");
+    let mut watch = tokio::task::spawn_blocking({
+        let (url, name) = (url.clone(), name.clone());
+        move || {
+            let watch = Watch::start(&url, &name, &[]);
+            let ready = Watch::wait_for(&watch.errors, "watching", Duration::from_secs(20));
+            (watch, ready)
+        }
+    })
+    .await
+    .expect("thread");
+    let ready = watch.1.take().unwrap_or_else(|| panic!("watch did not start"));
+    assert!(ready.contains("a read every 200 ms"), "{ready}");
+    let mut watch = watch.0;
+    watch_events(&url, &name, &mut watch).await;
+
+    // Ctrl-C ends it cleanly.
+    let pid = watch.child.id().to_string();
+    let status = tokio::task::spawn_blocking(move || {
+        let signalled = Command::new("kill").args(["-INT", &pid]).status();
+        assert!(signalled.is_ok_and(|s| s.success()));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = watch.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .expect("thread");
+    assert_eq!(
+        status.and_then(|s| s.code()),
+        Some(0),
+        "watch did not stop on SIGINT"
+    );
+}
+
+/// The same events by keyspace notifications, on a server that has them on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_events_by_keyspace_notifications() {
+    let server = RedisServer::start_with(&["--notify-keyspace-events", "KA"]);
+    let url = server.url();
+    let name = unique_name("notified");
+    let (mut watch, ready) = tokio::task::spawn_blocking({
+        let (url, name) = (url.clone(), name.clone());
+        move || {
+            let watch = Watch::start(&url, &name, &[]);
+            let ready = Watch::wait_for(&watch.errors, "watching", Duration::from_secs(20));
+            (watch, ready)
+        }
+    })
+    .await
+    .expect("thread");
+    let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
+    assert!(ready.contains("keyspace notifications"), "{ready}");
+    watch_events(&url, &name, &mut watch).await;
+}
+
+/// Acquire, re-enter, release both levels, then a short fixed lease that runs out: each seen.
+async fn watch_events(url: &str, name: &str, watch: &mut Watch) {
+    let client = client(url).await;
+    let limit = Duration::from_secs(10);
+    let guard = client.lock(name).acquire().await.expect("acquire");
+    let acquired = next_line(watch, "acquire", limit).await;
+    assert!(
+        acquired.contains(name) && acquired.contains("count=1"),
+        "{acquired}"
+    );
+    assert!(
+        acquired.contains(&format!("fence={}", guard.fencing_token())),
+        "{acquired}"
+    );
+    let again = client.lock(name).acquire().await.expect("re-enter");
+    let reentered = next_line(watch, "reenter", limit).await;
+    assert!(reentered.contains("count=2"), "{reentered}");
+    again.release().await.expect("release");
+    let down = next_line(watch, "release", limit).await;
+    assert!(down.contains("count=1"), "{down}");
+    guard.release().await.expect("release");
+    let released = next_line(watch, "release", limit).await;
+    assert!(released.contains("count=0"), "{released}");
+
+    let leased = client
+        .lock(name)
+        .lease(Duration::from_millis(800))
+        .acquire()
+        .await
+        .expect("acquire");
+    next_line(watch, "acquire", limit).await;
+    let expired = next_line(watch, "expire", limit).await;
+    assert!(expired.contains(name), "{expired}");
+    drop(leased);
+    client.shutdown().await;
+}
+
+async fn next_line(watch: &mut Watch, text: &str, limit: Duration) -> String {
+    // The receiver is read on a blocking thread and handed back.
+    let lines = std::mem::replace(&mut watch.lines, mpsc::channel().1);
+    let text_owned = text.to_string();
+    let (lines, line) = tokio::task::spawn_blocking(move || {
+        let line = Watch::wait_for(&lines, &text_owned, limit);
+        (lines, line)
+    })
+    .await
+    .expect("thread");
+    watch.lines = lines;
+    if let Some(line) = &line {
+        println!("{line}");
+    }
+    line.unwrap_or_else(|| panic!("no {text} event from watch within {limit:?}"))
+}
+
+/// `list` on a Redis Cluster finds the locks held on every primary, and only those matching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_on_a_cluster_scans_every_primary() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let url = cluster.url();
+    let holder = client(&url).await;
+    let base = unique_name("spread");
+    let names: Vec<String> = (0..12).map(|i| format!("{base}:{i}")).collect();
+    let mut guards = Vec::new();
+    for name in &names {
+        guards.push(holder.lock(name).acquire().await.expect("acquire"));
+    }
+    let primaries: std::collections::BTreeSet<u16> = names
+        .iter()
+        .map(|name| cluster.primary_of(&support::lock_key(name)).port())
+        .collect();
+    assert_eq!(primaries.len(), 3, "the names must land on every primary");
+    let unrelated = holder
+        .lock(&unique_name("unrelated"))
+        .acquire()
+        .await
+        .expect("acquire");
+
+    let listed = relock(&["--url", &url, "list", &format!("{base}:*")], "").await;
+    assert_eq!(code(&listed), Some(0), "{listed:?}");
+    let table = stdout(&listed);
+    println!("{table}");
+    for (name, guard) in names.iter().zip(&guards) {
+        let cells = row(&table, name).unwrap_or_else(|| panic!("{name} missing: {table}"));
+        assert_eq!(cells[2], "1");
+        assert_eq!(cells[4], guard.fencing_token().to_string());
+    }
+    assert_eq!(table.lines().count(), 1 + names.len(), "{table}");
+    assert!(!table.contains(unrelated.name()), "{table}");
+
+    let all = holder.held_locks(None).await.expect("held_locks");
+    assert_eq!(all.len(), names.len() + 1);
+    drop(unrelated);
+    drop(guards);
+    holder.shutdown().await;
+}
+
+/// `watch --enable-notifications` on a cluster turns keyspace notifications on where the lock lives
+/// (and nowhere else) and prints the events from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_on_a_cluster_enables_notifications_on_the_lock_primary() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let url = cluster.url();
+    let name = unique_name("clustered");
+    let (mut watch, ready) = tokio::task::spawn_blocking({
+        let (url, name) = (url.clone(), name.clone());
+        move || {
+            let watch = Watch::start(&url, &name, &["--enable-notifications"]);
+            let ready = Watch::wait_for(&watch.errors, "watching", Duration::from_secs(20));
+            (watch, ready)
+        }
+    })
+    .await
+    .expect("thread");
+    let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
+    assert!(ready.contains("keyspace notifications"), "{ready}");
+    let owner = cluster.primary_of(&support::lock_key(&name)).port();
+    for primary in cluster.primaries() {
+        let flags = match primary.cmd(&["CONFIG", "GET", "notify-keyspace-events"]) {
+            support::Reply::Array(reply) => reply.get(1).and_then(|f| f.as_str().map(String::from)),
+            _ => None,
+        };
+        let flags = flags.expect("notify-keyspace-events");
+        assert_eq!(flags.contains('K'), primary.port() == owner, "{flags:?}");
+    }
+    // Subscribed where the notifications come from.
+    let keyspace = format!("__keyspace@0__:{}", support::lock_key(&name));
+    let channels = cluster
+        .primary_of(&support::lock_key(&name))
+        .cmd(&["PUBSUB", "CHANNELS", "__keyspace@*"]);
+    assert_eq!(
+        channels,
+        support::Reply::Array(vec![support::Reply::Str(keyspace)])
+    );
+    watch_events(&url, &name, &mut watch).await;
+}
