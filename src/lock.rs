@@ -95,6 +95,17 @@ impl Lock {
         &self.name
     }
 
+    /// The Redis key of the lock's hash, `prefix:{name}` (for ACL rules, and tools that read it).
+    /// Its fence counter is this key followed by `:fence`.
+    pub fn redis_key(&self) -> &str {
+        &self.keys.lock
+    }
+
+    /// The channel its release messages are published on (`SPUBLISH` on a cluster).
+    pub fn release_channel(&self) -> &str {
+        &self.keys.channel
+    }
+
     /// Acquires with a fixed lease that the watchdog does not renew: the lock is freed after `lease`
     /// even if the guard still lives (its [`lost`](LockGuard::lost) then completes). Checked when
     /// acquiring: [`MIN_LEASE`](crate::MIN_LEASE) (10 ms) to [`MAX_LEASE`](crate::MAX_LEASE), whole milliseconds.

@@ -353,9 +353,8 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
     let mut sent = tokio::time::Instant::now();
     // The first read checks the name (no I/O for a bad one) and the connection.
     let mut last = client.inspect(name).await?;
-    // The key names of keys.rs: the lock hash and its release channel.
-    let key = format!("{}:{{{name}}}", cli.prefix);
-    let channel = format!("{key}:released");
+    let lock = client.lock(name);
+    let (key, channel) = (lock.redis_key().to_string(), lock.release_channel().to_string());
     let mut feed = Feed::default();
     match connect_subscriber(&cli.url, cli.timeout).await {
         Some(subscriber) => {
