@@ -10,13 +10,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
-use fred::interfaces::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 
 use crate::config::check_name;
 use crate::keys::LockKeys;
-use crate::link::{NodeClient, RetryPause};
-use crate::scripts::not_run;
+use crate::node::Node;
 use crate::{Error, LockClient};
 
 /// One lock as read from Redis at one moment.
@@ -85,29 +83,12 @@ impl Holder {
     }
 }
 
-/// One consistent read of a lock: the type of its key, the fence, and for a hash its `PTTL` and
-/// fields. A fence of another type reads as none rather than failing the read.
-const READ: &str = r"
-local kind = redis.call('TYPE', KEYS[1])['ok']
-local fence = false
-if redis.call('TYPE', KEYS[2])['ok'] == 'string' then
-  fence = redis.call('GET', KEYS[2])
-end
-if kind ~= 'hash' then
-  return {kind, fence}
-end
-return {kind, fence, redis.call('PTTL', KEYS[1]), redis.call('HGETALL', KEYS[1])}
-";
-
 /// The most lock reads in flight at once while listing.
 const READS_IN_FLIGHT: usize = 64;
 
 /// Keys asked of `SCAN` per call: large enough that a big keyspace takes few round trips, small
 /// enough that one call does not block the server for long.
 const SCAN_COUNT: i64 = 1000;
-
-/// How many times a read redirected by a resharding cluster (`MOVED`, `ASK`) is made again.
-const TRIES: usize = 5;
 
 /// A lock read: not there, there but not a relock lock, or a lock.
 enum Read {
@@ -139,7 +120,7 @@ impl LockClient {
     pub async fn inspect(&self, name: &str) -> Result<Option<LockInfo>, Error> {
         check_name(name)?;
         let keys = LockKeys::new(self.config().get_key_prefix(), name);
-        match read(self.link(), &keys).await? {
+        match read(self.node(), &keys).await? {
             Read::Free => Ok(None),
             Read::Foreign => Err(Error::WrongType(keys.lock.to_string())),
             Read::Held(info) => Ok(Some(info)),
@@ -166,7 +147,8 @@ impl LockClient {
             )));
         }
         let prefix = self.config().get_key_prefix();
-        let link = self.link();
+        let node = self.node();
+        let link = &node.link;
         let matching = format!("{}:{{{pattern}}}", escape_glob(prefix));
         let mut names = BTreeSet::new();
         let primaries = link.topology.primaries(&link.client, &link.options);
@@ -178,7 +160,7 @@ impl LockClient {
             )));
         }
         for primary in primaries {
-            for key in scan(link, &primary, &matching).await? {
+            for key in scan(node, &primary, &matching).await? {
                 if let Some(name) = name_of(&key, prefix) {
                     names.insert(name.to_string());
                 }
@@ -189,7 +171,7 @@ impl LockClient {
         for chunk in names.chunks(READS_IN_FLIGHT) {
             let reads = chunk.iter().map(|name| async move {
                 let keys = LockKeys::new(prefix, name);
-                read(link, &keys).await
+                read(node, &keys).await
             });
             for outcome in futures::future::join_all(reads).await {
                 if let Read::Held(info) = outcome? {
@@ -200,8 +182,8 @@ impl LockClient {
         Ok(out)
     }
 
-    fn link(&self) -> &NodeClient {
-        &self.core.masters.nodes[0].link
+    fn node(&self) -> &Node {
+        &self.core.masters.nodes[0]
     }
 }
 
@@ -225,19 +207,11 @@ fn name_of<'k>(key: &'k str, prefix: &str) -> Option<&'k str> {
 }
 
 /// Every key that `SCAN ... MATCH pattern` finds on one server (a cluster primary, or the server).
-async fn scan(link: &NodeClient, server: &WithOptions<Client>, pattern: &str) -> Result<Vec<String>, Error> {
-    let command = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
+async fn scan(node: &Node, server: &WithOptions<Client>, pattern: &str) -> Result<Vec<String>, Error> {
     let mut cursor = "0".to_string();
     let mut keys = Vec::new();
     loop {
-        let args: Vec<Value> = vec![
-            cursor.as_str().into(),
-            "MATCH".into(),
-            pattern.into(),
-            "COUNT".into(),
-            SCAN_COUNT.into(),
-        ];
-        let reply: Value = bounded(link, server.custom(command.clone(), args)).await?;
+        let reply = node.scan_page(server, &cursor, pattern, SCAN_COUNT).await?;
         let Value::Array(mut parts) = reply else {
             return Err(malformed("SCAN", &reply));
         };
@@ -259,36 +233,14 @@ async fn scan(link: &NodeClient, server: &WithOptions<Client>, pattern: &str) ->
     }
 }
 
-/// Reads one lock in one script call, made again where a resharding cluster redirected it.
-async fn read(link: &NodeClient, keys: &LockKeys) -> Result<Read, Error> {
-    let slot = link.topology.slot(&keys.lock);
-    let command = CustomCommand::new("EVAL", ClusterHash::Custom(slot), false);
-    let args: Vec<Value> = vec![
-        READ.into(),
-        2i64.into(),
-        (&*keys.lock).into(),
-        (&*keys.fence).into(),
-    ];
-    let mut pause = RetryPause::new();
-    let mut tries = 0;
-    let reply = loop {
-        tries += 1;
-        match tokio::time::timeout(
-            link.timeout + BACKSTOP,
-            link.cmd.custom(command.clone(), args.clone()),
-        )
-        .await
-        {
-            Err(_) => return Err(Error::Timeout(link.timeout)),
-            Ok(Err(err)) if not_run(&err) && tries < TRIES => pause.wait().await,
-            Ok(Err(err)) => return Err(link.redis_error(err)),
-            Ok(Ok(reply)) => break reply,
-        }
-    };
+/// Reads one lock in one script call (`scripts/inspect.lua`; made again while a resharding
+/// cluster redirects it, within the node's bound).
+async fn read(node: &Node, keys: &LockKeys) -> Result<Read, Error> {
+    let reply = node.read_lock(keys).await?;
     parse(&keys.name, &keys.lock, reply)
 }
 
-/// The reply of [`READ`] as a [`Read`].
+/// The reply of `scripts/inspect.lua` as a [`Read`].
 fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
     let Value::Array(parts) = reply else {
         return Err(malformed("lock read", &reply));
@@ -337,21 +289,6 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         fence,
     }))
 }
-
-/// One request bounded as the node bounds its own: fred's per-command timeout of `link.cmd`, and
-/// a backstop a little later.
-async fn bounded<R>(
-    link: &NodeClient,
-    request: impl std::future::Future<Output = Result<R, fred::error::Error>>,
-) -> Result<R, Error> {
-    match tokio::time::timeout(link.timeout + BACKSTOP, request).await {
-        Ok(outcome) => outcome.map_err(|err| link.redis_error(err)),
-        Err(_) => Err(Error::Timeout(link.timeout)),
-    }
-}
-
-/// How much later than fred's own timeout a read is abandoned.
-const BACKSTOP: Duration = Duration::from_millis(20);
 
 fn malformed(what: &str, reply: &Value) -> Error {
     Error::Redis(fred::error::Error::new(

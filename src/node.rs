@@ -11,7 +11,7 @@ use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
 use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
-use fred::types::{Key, Value};
+use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::deadline::Deadlines;
@@ -520,6 +520,36 @@ impl Node {
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
         let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
         Ok(found == 1)
+    }
+
+    /// One lock as `scripts/inspect.lua` reads it (for `inspect.rs`), within the node's bound.
+    pub(crate) async fn read_lock(&self, keys: &LockKeys) -> Result<Value, Error> {
+        let call = self.script(
+            &scripts().inspect,
+            vec![Key::from(&*keys.lock), Key::from(&*keys.fence)],
+            Vec::new(),
+        );
+        self.bounded(call).await
+    }
+
+    /// One page of `SCAN cursor MATCH pattern COUNT count` on `server` (the server, or one cluster
+    /// primary), within the node's bound.
+    pub(crate) async fn scan_page(
+        &self,
+        server: &WithOptions<Client>,
+        cursor: &str,
+        pattern: &str,
+        count: i64,
+    ) -> Result<Value, Error> {
+        let command = CustomCommand::new_static("SCAN", ClusterHash::Random, false);
+        let args: Vec<Value> = vec![
+            cursor.into(),
+            "MATCH".into(),
+            pattern.into(),
+            "COUNT".into(),
+            count.into(),
+        ];
+        self.bounded(server.custom(command, args)).await
     }
 
     /// Runs a script directly (not batched), again while it did not run (see

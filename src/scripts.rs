@@ -107,6 +107,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
+    pub(crate) inspect: Script,
 }
 
 impl Scripts {
@@ -117,13 +118,20 @@ impl Scripts {
             renew: Script::new("renew", include_str!("../scripts/renew.lua")),
             force_unlock: Script::new("force_unlock", include_str!("../scripts/force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
+            inspect: Script::new("inspect", include_str!("../scripts/inspect.lua")),
         }
     }
 
     /// Loads every script into a server's cache (`SCRIPT LOAD`): the client's options name the
     /// server on a cluster.
     pub(crate) async fn load_all<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
-        for script in [&self.batch, &self.renew, &self.force_unlock, &self.raise_fence] {
+        for script in [
+            &self.batch,
+            &self.renew,
+            &self.force_unlock,
+            &self.raise_fence,
+            &self.inspect,
+        ] {
             script.load(client, ClusterHash::Random).await?;
         }
         Ok(())
