@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
+use crate::latch::CountDownLatch;
 use crate::link::SyncReplicas;
 use crate::lock::Lock;
 use crate::node::{EvictionCheck, Node};
@@ -111,6 +112,12 @@ impl LockClient {
     /// The lock called `name`. No I/O; the name is checked when the lock is used.
     pub fn lock(&self, name: &str) -> Lock {
         Lock::new(self.core.clone(), name)
+    }
+
+    /// The countdown latch called `name` (see [`CountDownLatch`]). No I/O; the name is checked
+    /// when the latch is used.
+    pub fn latch(&self, name: &str) -> CountDownLatch {
+        CountDownLatch::new(self.core.clone(), name)
     }
 
     /// The configuration in force.

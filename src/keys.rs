@@ -22,3 +22,23 @@ impl LockKeys {
         }
     }
 }
+
+/// The Redis names of one countdown latch: its hash and the channel that announces it opened. They
+/// share the hash tag `{name}` (with a lock of the same name, whose keys they do not touch).
+#[derive(Debug)]
+pub(crate) struct LatchKeys {
+    pub(crate) name: Arc<str>,
+    pub(crate) latch: Arc<str>,
+    pub(crate) channel: Arc<str>,
+}
+
+impl LatchKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> LatchKeys {
+        let latch = format!("{prefix}:{{{name}}}:latch");
+        LatchKeys {
+            name: name.into(),
+            channel: format!("{latch}:zero").into(),
+            latch: latch.into(),
+        }
+    }
+}

@@ -75,6 +75,7 @@ mod guard;
 mod hold;
 mod inspect;
 mod keys;
+mod latch;
 mod link;
 mod lock;
 mod multi;
@@ -96,6 +97,7 @@ pub use config::{
 pub use error::Error;
 pub use guard::LockGuard;
 pub use inspect::{Holder, LockInfo};
+pub use latch::CountDownLatch;
 pub use lock::Lock;
 pub use multi::MultiLock;
 pub use owner::Owner;

@@ -532,6 +532,19 @@ impl Node {
         self.bounded(call).await
     }
 
+    /// Runs a script whose one key is `key` and whose reply is an integer (the latch's), within the
+    /// node's bound; a key of another type is [`Error::WrongType`]. For scripts that are
+    /// idempotent and keep no order with other calls (see [`script`](Node::script)).
+    pub(crate) async fn run_on(&self, script: &Script, key: &str, args: Vec<Value>) -> Result<i64, Error> {
+        let call = self.script(script, vec![Key::from(key)], args);
+        self.bounded_on(call, key).await
+    }
+
+    /// The publish command of this node's release messages (`PUBLISH`, or `SPUBLISH` on a cluster).
+    pub(crate) fn publish(&self) -> &'static str {
+        self.link.topology.publish()
+    }
+
     /// One page of `SCAN cursor MATCH pattern COUNT count` on `server` (the server, or one cluster
     /// primary), within the node's bound.
     pub(crate) async fn scan_page(

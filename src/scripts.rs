@@ -108,6 +108,9 @@ pub(crate) struct Scripts {
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
     pub(crate) inspect: Script,
+    pub(crate) latch_set: Script,
+    pub(crate) latch_count_down: Script,
+    pub(crate) latch_count: Script,
 }
 
 impl Scripts {
@@ -119,6 +122,12 @@ impl Scripts {
             force_unlock: Script::new("force_unlock", include_str!("../scripts/force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
             inspect: Script::new("inspect", include_str!("../scripts/inspect.lua")),
+            latch_set: Script::new("latch_set", include_str!("../scripts/latch_set.lua")),
+            latch_count_down: Script::new(
+                "latch_count_down",
+                include_str!("../scripts/latch_count_down.lua"),
+            ),
+            latch_count: Script::new("latch_count", include_str!("../scripts/latch_count.lua")),
         }
     }
 
@@ -131,6 +140,9 @@ impl Scripts {
             &self.force_unlock,
             &self.raise_fence,
             &self.inspect,
+            &self.latch_set,
+            &self.latch_count_down,
+            &self.latch_count,
         ] {
             script.load(client, ClusterHash::Random).await?;
         }

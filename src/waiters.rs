@@ -4,7 +4,7 @@
 //! A waiter registers its interest in a lock's release channel and gets a [`Subscription`]. One
 //! background task per node owns the subscriber connection: it batches the `SUBSCRIBE`/`UNSUBSCRIBE`
 //! commands that the registrations call for, and turns each release message into a wake-up of one
-//! waiter of that channel. Anything that may have lost a message (a lagging receiver, a reconnect,
+//! waiter of that channel (a latch's `*` message into a wake-up of all). Anything that may have lost a message (a lagging receiver, a reconnect,
 //! a subscription just confirmed) wakes every waiter, who then simply try again; the holder's TTL bounds
 //! what a message lost any other way can cost.
 //!
@@ -219,7 +219,12 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
                 Ok(message) => {
                     let channels = strong.channels.lock();
                     if let Some(entry) = channels.get(&*message.channel) {
-                        entry.notify.notify_one();
+                        // `*` (a latch opened) is for every waiter; a release, for one.
+                        if message.value.as_bytes() == Some(b"*") {
+                            entry.notify.notify_waiters();
+                        } else {
+                            entry.notify.notify_one();
+                        }
                     }
                 }
                 Err(RecvError::Lagged(missed)) => {

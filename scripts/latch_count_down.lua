@@ -1,0 +1,31 @@
+-- Count a countdown latch down by one arrival; at zero, remove it and wake every waiter.
+-- KEYS[1] the latch hash (see latch_set.lua); ARGV[1] the arrival's id (unique per count_down call);
+-- ARGV[2] the channel of the latch; ARGV[3] the command that announces it (PUBLISH or SPUBLISH).
+-- The message is `*`: every waiter of the channel wakes (a lock's release wakes one).
+-- Returns the count left (0 when the latch is open: absent, or this call opened it). An arrival is
+-- recorded by its id (HSETNX), so a resent call counts once; once the latch opened, the key is gone
+-- and a resend changes nothing. A key of another type is an error, untouched.
+if ARGV[3] ~= 'PUBLISH' and ARGV[3] ~= 'SPUBLISH' then
+  return redis.error_reply('ERR relock latch_count_down: unknown publish command')
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'none' then
+  return 0
+end
+if kind ~= 'hash' then
+  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+end
+local n = tonumber(redis.call('HGET', KEYS[1], 'count'))
+if not n then
+  return redis.error_reply('WRONGTYPE the key is a hash but not a relock latch')
+end
+local left = n - (redis.call('HLEN', KEYS[1]) - 1)
+if left > 0 and redis.call('HSETNX', KEYS[1], 'a:' .. ARGV[1], '1') == 1 then
+  left = left - 1
+end
+if left <= 0 then
+  redis.call('DEL', KEYS[1])
+  redis.call(ARGV[3], ARGV[2], '*')
+  return 0
+end
+return left
