@@ -40,6 +40,9 @@
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 
 //!
+//! Besides locks, a [`LockClient`] hands out [`CountDownLatch`]es (Redisson's `RCountDownLatch`):
+//! waiters of every client are woken by one message when the count reaches zero.
+//!
 //! ## Topologies
 //!
 //! One [`LockClient`] serves one server (`redis://`), a Redis Cluster (`redis-cluster://`) or a
