@@ -19,7 +19,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let name = format!("nightly-import-{}", std::process::id());
     let job = LockClient::connect(&url).await?;
     let latch = job.latch(&name);
-    assert!(latch.set_count(WORKERS).await?, "a latch of that name is still counting");
+    assert!(
+        latch.set_count(WORKERS).await?,
+        "a latch of that name is still counting"
+    );
     println!("waiting for {WORKERS} workers");
 
     let start = Instant::now();
@@ -30,16 +33,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let client = LockClient::connect(&url).await?;
             tokio::time::sleep(Duration::from_millis(200 * (worker + 1))).await; // its part
             let left = client.latch(&name).count_down().await?;
-            println!("worker {worker} done at {:?}; {left} still working", start.elapsed());
+            println!(
+                "worker {worker} done at {:?}; {left} still working",
+                start.elapsed()
+            );
             client.shutdown().await;
             Ok::<_, relock::Error>(())
         });
     }
 
     if latch.wait_for(Duration::from_secs(30)).await? {
-        println!("all {WORKERS} workers done after {:?}: the import may go on", start.elapsed());
+        println!(
+            "all {WORKERS} workers done after {:?}: the import may go on",
+            start.elapsed()
+        );
     } else {
-        println!("some workers did not finish within 30 s; {} left", latch.count().await?);
+        println!(
+            "some workers did not finish within 30 s; {} left",
+            latch.count().await?
+        );
     }
     job.shutdown().await;
     Ok(())

@@ -202,8 +202,10 @@ async fn run(link: Arc<NodeClient>, mut rx: mpsc::UnboundedReceiver<(Op, Reply)>
 
 /// One round: the batch split by slot, one call per slot, all at once (in queue order).
 async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
-    crate::telemetry::batch(batch.len());
     let groups = link.topology.by_slot(batch, |(op, _)| op.lock());
+    for group in &groups {
+        crate::telemetry::batch(group.len());
+    }
     let calls = groups
         .iter()
         .map(|group| encode(group.iter().map(|(op, _)| op), link.topology.publish()))

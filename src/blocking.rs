@@ -1,8 +1,10 @@
 //! A blocking API over the async one, for code that does not run in an async runtime.
 //!
 //! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`] and
-//! [`MultiLock`] here mirror the crate's async types of the same names, method for method, with
-//! every `async fn` turned into a call that blocks the calling thread until it is done.
+//! [`MultiLock`] here mirror the crate's async types of the same names, with every `async fn`
+//! turned into a call that blocks the calling thread until it is done. Not mirrored: building a
+//! client from a fred client or from other clients, the inspection calls, and the latch (use the
+//! async API for those).
 //!
 //! ```no_run
 //! use relock::blocking::LockClient;

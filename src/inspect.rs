@@ -90,6 +90,9 @@ const READS_IN_FLIGHT: usize = 64;
 /// enough that one call does not block the server for long.
 const SCAN_COUNT: i64 = 1000;
 
+/// The most `SCAN` pages read of one server: 2^32 keys, Redis's own limit per database.
+const MAX_SCAN_PAGES: usize = (1 << 32) / SCAN_COUNT as usize;
+
 /// A lock read: not there, there but not a relock lock, or a lock.
 enum Read {
     Free,
@@ -210,7 +213,16 @@ fn name_of<'k>(key: &'k str, prefix: &str) -> Option<&'k str> {
 async fn scan(node: &Node, server: &WithOptions<Client>, pattern: &str) -> Result<Vec<String>, Error> {
     let mut cursor = "0".to_string();
     let mut keys = Vec::new();
+    // A server that never ends the iteration (a cursor seen before, or pages past any keyspace
+    // Redis holds) is an error, not an endless loop.
+    let mut seen = std::collections::HashSet::new();
     loop {
+        if !seen.insert(cursor.clone()) || seen.len() > MAX_SCAN_PAGES {
+            return Err(Error::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Parse,
+                format!("SCAN did not end: cursor {cursor} after {} pages", seen.len()),
+            )));
+        }
         let reply = node.scan_page(server, &cursor, pattern, SCAN_COUNT).await?;
         let Value::Array(mut parts) = reply else {
             return Err(malformed("SCAN", &reply));

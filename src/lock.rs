@@ -241,23 +241,15 @@ impl Lock {
             outcome = Empty,
         );
         let label = telemetry::label(&self.name, self.core.config.get_metrics_lock_names());
-        let report = AcquireReport::start(label);
-        let result = self.attempts(wait, &report).instrument(span.clone()).await;
-        let outcome = match &result {
-            Ok(Some(_)) => Outcome::Granted,
-            Ok(None) => Outcome::Refused,
-            Err(Error::Timeout(_)) => Outcome::Timeout,
-            Err(_) => Outcome::Error,
+        let report = AcquireReport::start(label, span.clone());
+        let result = self.attempts(wait, &report).instrument(span).await;
+        let (outcome, token) = match &result {
+            Ok(Some(guard)) => (Outcome::Granted, Some(guard.fencing_token())),
+            Ok(None) => (Outcome::Refused, None),
+            Err(Error::Timeout(_)) => (Outcome::Timeout, None),
+            Err(_) => (Outcome::Error, None),
         };
-        if !span.is_disabled() {
-            let waited = report.waited().as_micros().min(u64::MAX as u128) as u64;
-            span.record("waited_us", waited);
-            span.record("outcome", outcome.name());
-            if let Ok(Some(guard)) = &result {
-                span.record("token", guard.fencing_token());
-            }
-        }
-        report.finish(outcome);
+        report.finish(outcome, token);
         result
     }
 

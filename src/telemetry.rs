@@ -22,7 +22,6 @@
 //! unbounded, and every distinct label value is a new series in the recorder.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 /// The `lock` label of a lock's figures: its name where the client opted in, else none.
 pub(crate) type Label = Option<Arc<str>>;
@@ -159,17 +158,20 @@ impl Drop for Waiting {
 }
 
 /// The wait of one acquire call, from its start: reported once, with its outcome, or as
-/// `cancelled` if the call is dropped first.
+/// `cancelled` if the call is dropped first, both to the figures and to the call's `acquire` span
+/// (`waited_us`, `outcome`, and `token` when granted).
 pub(crate) struct AcquireReport {
     label: Label,
+    span: tracing::Span,
     started: tokio::time::Instant,
-    outcome: Option<Outcome>,
+    outcome: Option<(Outcome, Option<u64>)>,
 }
 
 impl AcquireReport {
-    pub(crate) fn start(label: Label) -> AcquireReport {
+    pub(crate) fn start(label: Label, span: tracing::Span) -> AcquireReport {
         AcquireReport {
             label,
+            span,
             started: tokio::time::Instant::now(),
             outcome: None,
         }
@@ -180,19 +182,24 @@ impl AcquireReport {
         &self.label
     }
 
-    /// How long the call has waited.
-    pub(crate) fn waited(&self) -> Duration {
-        self.started.elapsed()
-    }
-
-    pub(crate) fn finish(mut self, outcome: Outcome) {
-        self.outcome = Some(outcome);
+    /// The call ended with `outcome` (and the fencing `token` of a grant).
+    pub(crate) fn finish(mut self, outcome: Outcome, token: Option<u64>) {
+        self.outcome = Some((outcome, token));
     }
 }
 
 impl Drop for AcquireReport {
     fn drop(&mut self) {
-        let outcome = self.outcome.unwrap_or(Outcome::Cancelled);
-        imp::acquisition(&self.label, outcome, self.started.elapsed());
+        let (outcome, token) = self.outcome.unwrap_or((Outcome::Cancelled, None));
+        let waited = self.started.elapsed();
+        imp::acquisition(&self.label, outcome, waited);
+        if !self.span.is_disabled() {
+            let waited_us = waited.as_micros().min(u64::MAX as u128) as u64;
+            self.span.record("waited_us", waited_us);
+            self.span.record("outcome", outcome.name());
+            if let Some(token) = token {
+                self.span.record("token", token);
+            }
+        }
     }
 }

@@ -226,13 +226,13 @@ fn the_last_drop_of_a_client_finishes_queued_releases() {
 fn the_watchdog_keeps_a_lease_held_by_a_blocked_thread() {
     let server = RedisServer::start();
     let config = LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(400))
-        .renew_interval(Duration::from_millis(100));
+        .watchdog_timeout(Duration::from_millis(1500))
+        .renew_interval(Duration::from_millis(300));
     let client = LockClient::connect_with(&server.url(), config).unwrap();
     let name = unique_name("watchdog");
     let guard = client.lock(&name).acquire().unwrap();
-    // The thread does its own (blocking) work, well past several leases.
-    thread::sleep(Duration::from_millis(2000));
+    // The thread does its own (blocking) work, well past two leases.
+    thread::sleep(Duration::from_millis(3500));
     assert!(guard.is_held());
     assert!(!guard.validity().is_zero());
     assert!(!guard.wait_lost_for(Duration::from_millis(500)).unwrap());

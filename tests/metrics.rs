@@ -13,8 +13,8 @@ use relock::{LockClient, LockConfig};
 use support::{eventually, unique_name, RedisServer};
 use tokio::time::Instant;
 
-/// Every figure seen so far: counters and histograms summed over snapshots (a snapshot drains
-/// them), gauges as last seen. Keyed by name and sorted labels, `name{k=v,...}`.
+/// Every figure seen so far, summed over snapshots: a snapshot drains counters and histograms and
+/// resets gauges, and relock only moves its gauges up and down, so their sum is their value. Keyed by name and sorted labels, `name{k=v,...}`.
 #[derive(Default)]
 struct Figures {
     counters: HashMap<String, u64>,
@@ -34,9 +34,7 @@ impl Figures {
             let id = format!("{}{{{}}}", key.name(), labels.join(","));
             match value {
                 DebugValue::Counter(n) => *self.counters.entry(id).or_default() += n,
-                DebugValue::Gauge(g) => {
-                    self.gauges.insert(id, g.0);
-                }
+                DebugValue::Gauge(g) => *self.gauges.entry(id).or_default() += g.0,
                 DebugValue::Histogram(h) => self
                     .histograms
                     .entry(id)

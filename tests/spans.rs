@@ -107,6 +107,9 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
     // Held across a few watchdog rounds, then refused to another client.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(other.lock(&name).try_acquire().await.expect("try").is_none());
+    // A waiter whose caller gives up: its span still says how it ended.
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), other.lock(&name).acquire()).await;
+    assert!(gave_up.is_err(), "the lock was held");
     guard.release().await.expect("release");
     client.shutdown().await;
     other.shutdown().await;
@@ -122,7 +125,7 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
         .iter()
         .filter(|c| c.name == "acquire" && c.fields.get("lock") == Some(&name))
         .collect();
-    assert_eq!(acquires.len(), 2, "{closed:#?}");
+    assert_eq!(acquires.len(), 3, "{closed:#?}");
     let granted = acquires
         .iter()
         .find(|c| c.fields.get("outcome").map(String::as_str) == Some("granted"))
@@ -141,6 +144,18 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
         "{granted:?}"
     );
     assert_eq!(with("acquire", "outcome", "refused"), 1, "{closed:#?}");
+    let cancelled = acquires
+        .iter()
+        .find(|c| c.fields.get("outcome").map(String::as_str) == Some("cancelled"))
+        .expect("a cancelled acquire span");
+    assert!(
+        cancelled
+            .fields
+            .get("waited_us")
+            .and_then(|w| w.parse::<u64>().ok())
+            .is_some_and(|w| w >= 90_000),
+        "{cancelled:?}"
+    );
     assert_eq!(with("release", "outcome", "released"), 1, "{closed:#?}");
     let rounds = closed.iter().filter(|c| c.name == "watchdog_round").count();
     assert!(rounds >= 2, "{rounds} watchdog rounds: {closed:#?}");

@@ -773,12 +773,45 @@ fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_string();
     };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
     let (authority, tail) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    match authority.rsplit_once('@') {
+    let mut out = match authority.rsplit_once('@') {
         Some((credentials, host)) => {
             let user = credentials.split_once(':').map_or(credentials, |(user, _)| user);
             format!("{scheme}://{user}:***@{host}{tail}")
         }
-        None => url.to_string(),
+        None => format!("{scheme}://{authority}{tail}"),
+    };
+    // Query parameters may carry passwords too (fred reads `sentinelPassword`, `sentinel_password`).
+    if let Some(query) = query {
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((key, _)) if key.to_ascii_lowercase().contains("password") => format!("{key}=***"),
+                _ => param.to_string(),
+            })
+            .collect();
+        out.push('?');
+        out.push_str(&params.join("&"));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_are_masked_in_the_user_info_and_the_query() {
+        assert_eq!(redact("redis://u:secret@h:1/0"), "redis://u:***@h:1/0");
+        assert_eq!(
+            redact("redis-sentinel://h:1/0?sentinelServiceName=m&sentinelPassword=s3&node=h2:2"),
+            "redis-sentinel://h:1/0?sentinelServiceName=m&sentinelPassword=***&node=h2:2"
+        );
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact("not a url"), "not a url");
     }
 }
