@@ -7,6 +7,7 @@ use crate::core::Core;
 use crate::latch::CountDownLatch;
 use crate::link::SyncReplicas;
 use crate::lock::Lock;
+use crate::lock_set::LockSet;
 use crate::node::{EvictionCheck, Node};
 use crate::quorum::Masters;
 use crate::Error;
@@ -112,6 +113,13 @@ impl LockClient {
     /// The lock called `name`. No I/O; the name is checked when the lock is used.
     pub fn lock(&self, name: &str) -> Lock {
         Lock::new(self.core.clone(), name)
+    }
+
+    /// The locks called `names`, taken together, all or none (see [`LockSet`]; Redisson's
+    /// `RedissonMultiLock`, not relock's [`MultiLock`](crate::MultiLock), which is Redlock). No I/O;
+    /// the names are checked when the set is used.
+    pub fn lock_all(&self, names: &[&str]) -> LockSet {
+        LockSet::new(names.iter().map(|name| self.lock(name)).collect())
     }
 
     /// The countdown latch called `name` (see [`CountDownLatch`]). No I/O; the name is checked

@@ -227,6 +227,15 @@ impl Lock {
         }
     }
 
+    /// The checks an acquisition makes before any I/O: the name, and a fixed lease's range.
+    pub(crate) fn check_input(&self) -> Result<(), Error> {
+        check_name(&self.name)?;
+        if let Some(lease) = self.lease {
+            check_lease("lease", lease)?;
+        }
+        Ok(())
+    }
+
     /// An acquire call in its `acquire` span, with its figures (see `telemetry.rs`). The span's
     /// fields: `lock`, `owner`, `mode` (`wait`, `try`, `try_for`), and at the end `waited_us`,
     /// `token` (when granted) and `outcome`; the attempt's own events nest inside it.

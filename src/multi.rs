@@ -8,6 +8,7 @@ use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
 use crate::link::SyncReplicas;
 use crate::lock::Lock;
+use crate::lock_set::LockSet;
 use crate::node::{EvictionCheck, Node};
 use crate::quorum::Masters;
 use crate::Error;
@@ -19,6 +20,12 @@ use crate::Error;
 /// `N / 2 + 1` masters granted it within the lease's validity, renewed while a majority renews it,
 /// and released on every master. Fencing tokens stay strictly increasing across holders. Cheap to
 /// clone; `Send + Sync`.
+///
+/// **For Redisson users**: this is Redisson's `RedissonRedLock` (one name over several masters).
+/// Redisson's `RedissonMultiLock` (several names, all or none) is relock's
+/// [`lock_all`](MultiLock::lock_all) / [`LockClient::lock_all`](crate::LockClient::lock_all).
+/// Countdown latches are not offered here: a count split over independent masters has no majority
+/// to agree on.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), relock::Error> {
@@ -134,6 +141,12 @@ impl MultiLock {
     /// The lock called `name` over every master. No I/O.
     pub fn lock(&self, name: &str) -> Lock {
         Lock::new(self.core.clone(), name)
+    }
+
+    /// The locks called `names`, taken together, all or none, each by this quorum (see
+    /// [`LockSet`]). No I/O; the names are checked when the set is used.
+    pub fn lock_all(&self, names: &[&str]) -> LockSet {
+        LockSet::new(names.iter().map(|name| self.lock(name)).collect())
     }
 
     /// The number of masters.

@@ -1,0 +1,207 @@
+//! `LockSet`: one guard over several names, all or none (Redisson's `RedissonMultiLock`; relock's
+//! own `MultiLock` is Redisson's `RedissonRedLock`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::guard::LockGuard;
+use crate::lock::Lock;
+use crate::owner::Owner;
+use crate::Error;
+
+/// Several named locks taken together, all or none: made by
+/// [`LockClient::lock_all`](crate::LockClient::lock_all) or
+/// [`MultiLock::lock_all`](crate::MultiLock::lock_all).
+///
+/// The names are taken one by one **in a fixed order** (sorted, duplicates removed), each as its
+/// own [`Lock`], and what was taken is given back if a later one cannot be: two callers whose sets
+/// overlap wait for each other in the same order, so they cannot deadlock. Each name is reentrant
+/// per owner as a single lock is, so a task that holds one of the names (or the whole set) takes the
+/// set again without waiting for itself; each name keeps its own lease, watchdog renewal and
+/// fencing token.
+///
+/// **Not atomic**: between the first name and the last, another client can see some names taken
+/// (it then waits or is refused, as for any held lock). On one server a single script could take
+/// them at once; relock does not do that yet.
+///
+/// A name in a set is the same lock as on its own: `client.lock("a")` and
+/// `client.lock_all(&["a", "b"])` exclude each other on `a`.
+///
+/// ```no_run
+/// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+/// // Move stock between two SKUs: both locked, or neither.
+/// let both = client.lock_all(&["sku-42", "sku-7"]);
+/// let guard = both.acquire().await?;
+/// let from = guard.fencing_token("sku-42");
+/// # let _ = from;
+/// drop(guard); // both released
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockSet {
+    /// Sorted by name, without duplicates: the order every caller takes them in.
+    locks: Vec<Lock>,
+}
+
+impl LockSet {
+    pub(crate) fn new(mut locks: Vec<Lock>) -> LockSet {
+        locks.sort_by(|a, b| a.name().cmp(b.name()));
+        locks.dedup_by(|a, b| a.name() == b.name());
+        LockSet { locks }
+    }
+
+    /// The names, in the order they are taken.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.locks.iter().map(Lock::name)
+    }
+
+    /// Every name with a fixed lease (see [`Lock::lease`]).
+    pub fn lease(self, lease: Duration) -> LockSet {
+        LockSet {
+            locks: self.locks.into_iter().map(|l| l.lease(lease)).collect(),
+        }
+    }
+
+    /// Every name on behalf of `owner` (see [`Lock::owner`]).
+    pub fn owner(self, owner: Owner) -> LockSet {
+        LockSet {
+            locks: self.locks.into_iter().map(|l| l.owner(owner.clone())).collect(),
+        }
+    }
+
+    /// Waits until every name is held. Fails at the first name that fails (see
+    /// [`Lock::acquire`]), giving back those already taken.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives back the names taken so far and leaves no lock held.
+    pub async fn acquire(&self) -> Result<LockSetGuard, Error> {
+        self.check()?;
+        let mut guards = Vec::with_capacity(self.locks.len());
+        for lock in &self.locks {
+            // On `?`, the guards taken so far are dropped: released in the background.
+            guards.push(lock.acquire().await?);
+        }
+        Ok(LockSetGuard { guards })
+    }
+
+    /// One attempt per name, no waiting: `None` (and nothing held) if any name is held by another
+    /// owner.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](LockSet::acquire).
+    pub async fn try_acquire(&self) -> Result<Option<LockSetGuard>, Error> {
+        self.check()?;
+        let mut guards = Vec::with_capacity(self.locks.len());
+        for lock in &self.locks {
+            match lock.try_acquire().await? {
+                Some(guard) => guards.push(guard),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(LockSetGuard { guards }))
+    }
+
+    /// Waits at most `wait`, in all, for every name: `None` (and nothing held) if one is still held
+    /// by another owner then. Returns within `wait` (see [`Lock::try_acquire_for`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](LockSet::acquire).
+    pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockSetGuard>, Error> {
+        self.check()?;
+        let until = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
+        let mut guards = Vec::with_capacity(self.locks.len());
+        for lock in &self.locks {
+            let left = until.saturating_duration_since(Instant::now());
+            match lock.try_acquire_for(left).await {
+                Ok(Some(guard)) => guards.push(guard),
+                Ok(None) => return Ok(None),
+                // The wait ran out during a later name's attempt: as refused, not an error.
+                Err(Error::Timeout(_)) if !guards.is_empty() && Instant::now() >= until => return Ok(None),
+                Err(err) => return Err(err),
+            }
+        }
+        Ok(Some(LockSetGuard { guards }))
+    }
+
+    /// Checks every name (and lease) before any I/O: bad input changes nothing.
+    fn check(&self) -> Result<(), Error> {
+        if self.locks.is_empty() {
+            return Err(Error::InvalidName("lock_all needs at least one name".into()));
+        }
+        self.locks.iter().try_for_each(Lock::check_input)
+    }
+}
+
+/// The guard of a [`LockSet`]: every name held; dropping it releases them all (without blocking).
+#[must_use = "dropping the guard releases the locks at once"]
+#[derive(Debug)]
+pub struct LockSetGuard {
+    guards: Vec<LockGuard>,
+}
+
+impl LockSetGuard {
+    /// The guard of each name, in the set's order.
+    pub fn guards(&self) -> &[LockGuard] {
+        &self.guards
+    }
+
+    /// The fencing token of `name` (each name has its own counter); `None` if it is not in the set.
+    pub fn fencing_token(&self, name: &str) -> Option<u64> {
+        self.guards
+            .iter()
+            .find(|g| g.name() == name)
+            .map(LockGuard::fencing_token)
+    }
+
+    /// Whether every name's lease is still held.
+    pub fn is_held(&self) -> bool {
+        self.guards.iter().all(LockGuard::is_held)
+    }
+
+    /// How long every lease is still known to be valid: the shortest.
+    pub fn validity(&self) -> Duration {
+        self.guards
+            .iter()
+            .map(LockGuard::validity)
+            .min()
+            .unwrap_or(Duration::ZERO)
+    }
+
+    /// Completes when any name's lease is lost.
+    pub async fn lost(&self) {
+        futures::future::select_all(self.guards.iter().map(|g| Box::pin(g.lost()))).await;
+    }
+
+    /// Runs `work` while every lease is held: if one is lost first, `work` is dropped and
+    /// `Err(Error::LeaseLost)` is returned.
+    pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        if !self.is_held() {
+            return Err(Error::LeaseLost);
+        }
+        tokio::select! {
+            biased;
+            () = self.lost() => Err(Error::LeaseLost),
+            output = work => Ok(output),
+        }
+    }
+
+    /// Releases every name (one level of reentrancy each), in reverse order, and waits for Redis to
+    /// confirm; every release is made, and the first error is returned.
+    pub async fn release(mut self) -> Result<(), Error> {
+        let mut first = None;
+        while let Some(guard) = self.guards.pop() {
+            if let Err(err) = guard.release().await {
+                first.get_or_insert(err);
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+}

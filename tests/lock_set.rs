@@ -1,0 +1,208 @@
+//! `lock_all`: several names, all or none, against real servers: exclusion with single locks,
+//! all-or-none refusal leaving nothing held, callers with overlapping sets in opposite orders never
+//! deadlocking (Redisson's `RedissonMultiLockTest` scenarios), reentrancy, bad input, and a set over
+//! a cluster's slots and over a quorum of masters.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use relock::{Error, LockClient, LockConfig, MultiLock, Owner, QuorumConfig};
+use support::topologies::RedisCluster;
+use support::{lock_key, unique_name, RedisServer};
+
+fn config() -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(1500))
+        .renew_interval(Duration::from_millis(300))
+        .command_timeout(Duration::from_secs(2))
+}
+
+async fn client(url: &str) -> LockClient {
+    LockClient::connect_with(url, config()).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_or_none_and_nothing_left_when_one_name_is_taken() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    let names = [unique_name("x"), unique_name("y"), unique_name("z")];
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+
+    // The last name (in the set's order) is held elsewhere: refused, and the first two given back.
+    let sorted = {
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted
+    };
+    let blocker = b.lock(&sorted[2]).acquire().await.unwrap();
+    assert!(a.lock_all(&refs).try_acquire().await.unwrap().is_none());
+    assert!(a
+        .lock_all(&refs)
+        .try_acquire_for(Duration::from_millis(300))
+        .await
+        .unwrap()
+        .is_none());
+    // Given back: free for another owner at once (awaited or not, the release is queued first).
+    assert!(support::eventually(Duration::from_secs(3), || !server.exists(&lock_key(&sorted[0]))).await);
+    assert!(!server.exists(&lock_key(&sorted[1])));
+    drop(blocker);
+
+    let guard = a
+        .lock_all(&refs)
+        .try_acquire_for(Duration::from_secs(5))
+        .await
+        .unwrap()
+        .expect("every name free");
+    assert!(guard.is_held());
+    assert_eq!(guard.guards().len(), 3);
+    for name in &names {
+        assert!(server.exists(&lock_key(name)));
+        assert!(guard.fencing_token(name).is_some_and(|t| t > 0));
+        assert!(
+            b.lock(name).try_acquire().await.unwrap().is_none(),
+            "{name} is held by the set"
+        );
+    }
+    guard.release().await.unwrap();
+    for name in &names {
+        assert!(!server.exists(&lock_key(name)));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_sets_in_opposite_orders_never_deadlock() {
+    let server = RedisServer::start();
+    let (p, q) = (unique_name("p"), unique_name("q"));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(client(&server.url()).await);
+    }
+    // All at once, so that sets asked in opposite orders meet half taken.
+    let start = Arc::new(tokio::sync::Barrier::new(clients.len()));
+    let mut tasks = Vec::new();
+    for (i, client) in clients.into_iter().enumerate() {
+        let (p, q) = (p.clone(), q.clone());
+        let (inside, overlaps, start) = (inside.clone(), overlaps.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            // Half ask for [p, q], half for [q, p]: taken in one order, whatever was asked.
+            let names: [&str; 2] = if i % 2 == 0 { [&p, &q] } else { [&q, &p] };
+            start.wait().await;
+            for _ in 0..15 {
+                let guard = client.lock_all(&names).acquire().await.expect("acquire");
+                if inside.fetch_add(1, Ordering::SeqCst) > 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                drop(guard);
+            }
+        }));
+    }
+    let all = futures::future::join_all(tasks);
+    let done = tokio::time::timeout(Duration::from_secs(60), all).await;
+    assert!(done.is_ok(), "deadlocked");
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_reentrant_and_excludes_single_locks() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    let (x, y) = (unique_name("x"), unique_name("y"));
+    let single = a.lock(&x).acquire().await.unwrap();
+    // The same task holds `x` already: the set re-enters it instead of waiting for itself.
+    let set = a
+        .lock_all(&[&x, &y])
+        .try_acquire_for(Duration::from_secs(2))
+        .await
+        .unwrap()
+        .expect("re-entered");
+    assert_eq!(set.guards().iter().map(|g| g.hold_count()).max(), Some(2));
+    assert!(b.lock(&y).try_acquire().await.unwrap().is_none());
+    set.release().await.unwrap();
+    assert!(b.lock(&y).try_acquire().await.unwrap().is_some(), "y given back");
+    assert!(
+        b.lock(&x).try_acquire().await.unwrap().is_none(),
+        "x still held once"
+    );
+    drop(single);
+    // An explicit owner shares one set between tasks.
+    let owner = Owner::new();
+    let set = a.lock_all(&[&x, &y]).owner(owner.clone());
+    let first = tokio::time::timeout(Duration::from_secs(5), set.acquire())
+        .await
+        .unwrap()
+        .unwrap();
+    let again = tokio::spawn({
+        let set = a.lock_all(&[&y, &x]).owner(owner);
+        async move { set.try_acquire().await }
+    });
+    let again = again.await.unwrap().unwrap().expect("same owner");
+    assert!(again.guards().iter().all(|g| g.hold_count() == 2));
+    drop(again);
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_writes_nothing() {
+    let server = RedisServer::start();
+    let a = client(&server.url()).await;
+    let good = unique_name("good");
+    assert!(matches!(
+        a.lock_all(&[]).acquire().await,
+        Err(Error::InvalidName(_))
+    ));
+    // A bad name anywhere in the set refuses the whole set before the good names are taken.
+    let bad = a.lock_all(&[&good, "bad{name}"]);
+    assert!(matches!(bad.try_acquire().await, Err(Error::InvalidName(_))));
+    let short = a.lock_all(&[&good]).lease(Duration::from_millis(1));
+    assert!(matches!(
+        short.try_acquire().await,
+        Err(Error::InvalidDuration(_))
+    ));
+    assert!(server.keys("*").is_empty(), "{:?}", server.keys("*"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_spans_cluster_slots_and_quorum_masters() {
+    let cluster = tokio::task::spawn_blocking(|| RedisCluster::start(3, 0))
+        .await
+        .expect("cluster");
+    let c = client(&cluster.url()).await;
+    let base = unique_name("spread");
+    let names: Vec<String> = (0..6).map(|i| format!("{base}:{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let guard = c.lock_all(&refs).acquire().await.expect("across slots");
+    let primaries: std::collections::BTreeSet<u16> = names
+        .iter()
+        .map(|n| cluster.primary_of(&lock_key(n)).port())
+        .collect();
+    assert!(primaries.len() > 1, "the names should span primaries");
+    for name in &names {
+        assert!(cluster.primary_of(&lock_key(name)).exists(&lock_key(name)));
+    }
+    drop(guard);
+    c.shutdown().await;
+
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // Seconds-old servers would sit out the restart quarantine at first.
+    let quorum = QuorumConfig::default()
+        .restart_quarantine(false)
+        .lock_config(config());
+    let multi = MultiLock::connect_with(&urls, quorum).await.expect("masters");
+    let guard = multi.lock_all(&refs).acquire().await.expect("quorum");
+    for server in &servers {
+        for name in &names {
+            assert!(server.exists(&lock_key(name)));
+        }
+    }
+    guard.release().await.unwrap();
+    multi.shutdown().await;
+}
