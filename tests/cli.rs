@@ -198,6 +198,23 @@ async fn missing_locks_bad_names_and_bad_urls_have_their_exit_codes() {
     assert_eq!(code(&missing), Some(1), "{missing:?}");
     assert!(stdout(&missing).is_empty());
 
+    // A counting latch of that name is shown (a lock of the name is not held).
+    let batch = unique_name("batch");
+    let latches = client(&url).await;
+    assert!(latches.latch(&batch).set_count(3).await.unwrap());
+    let latch = relock(&["--url", &url, "show", &batch], "").await;
+    assert_eq!(code(&latch), Some(0), "{latch:?}");
+    assert!(
+        stdout(&latch).contains(&format!("latch {batch}: 3 count-downs left")),
+        "{latch:?}"
+    );
+    let json = relock(&["--url", &url, "--json", "show", &batch], "").await;
+    assert_eq!(
+        stdout(&json).trim(),
+        format!("{{\"name\":\"{batch}\",\"latch_count\":3}}")
+    );
+    latches.shutdown().await;
+
     server.cmd(&["SET", "relock:{a-string}", "x"]);
     let foreign = relock(&["--url", &url, "show", "a-string"], "").await;
     assert_eq!(code(&foreign), Some(3), "{foreign:?}");

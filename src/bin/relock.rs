@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! relock list [PATTERN]      held locks (name, holder, hold count, lease left, fence), by SCAN
-//! relock show NAME           one lock in detail
+//! relock show NAME           one lock in detail (and a latch of that name that is counting)
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
 //! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
 //! ```
@@ -95,7 +95,8 @@ enum Command {
         /// Only locks whose name matches this Redis glob (*, ?, [abc]).
         pattern: Option<String>,
     },
-    /// Show one lock in detail (exit code 1 if nobody holds it).
+    /// Show one lock in detail, and the countdown latch of that name if it is counting (exit code 1
+    /// if neither).
     Show {
         /// The lock's name.
         name: String,
@@ -244,17 +245,27 @@ async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u
 }
 
 async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure> {
-    let Some(info) = client.inspect(name).await? else {
-        if cli.json {
-            out("null")?;
+    let info = client.inspect(name).await?;
+    // The countdown latch of the same name, if it is counting (0: never set, or open).
+    let latch = client.latch(name).count().await?;
+    match (&info, latch) {
+        (None, 0) => {
+            if cli.json {
+                out("null")?;
+            }
+            eprintln!("relock: lock {name:?} is not held (and no latch of that name is counting)");
+            return Ok(NOT_FOUND);
         }
-        eprintln!("relock: lock {name:?} is not held");
-        return Ok(NOT_FOUND);
-    };
-    if cli.json {
-        out(&info_json(&info))?;
-    } else {
-        out(&detail(&info))?;
+        (Some(info), _) if cli.json => out(&info_json(info))?,
+        (Some(info), _) => out(&detail(info))?,
+        (None, _) if cli.json => out(&format!(
+            "{{\"name\":{},\"latch_count\":{latch}}}",
+            json_str(name)
+        ))?,
+        (None, _) => {}
+    }
+    if latch > 0 && !cli.json {
+        out(&format!("latch {name}: {latch} count-downs left"))?;
     }
     Ok(OK)
 }
