@@ -114,14 +114,7 @@ impl LockGuard {
     /// Runs `work` while the lease is held: if the lease is lost first, `work` is dropped (so it does
     /// not run on past its lock) and `Err(Error::LeaseLost)` is returned.
     pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
-        if !self.is_held() {
-            return Err(Error::LeaseLost);
-        }
-        tokio::select! {
-            biased;
-            () = self.lost() => Err(Error::LeaseLost),
-            output = work => Ok(output),
-        }
+        until_lost(self.is_held(), self.lost(), work).await
     }
 
     /// Releases this hold (one level of reentrancy) and waits for Redis to confirm.
@@ -185,5 +178,22 @@ impl std::fmt::Debug for LockGuard {
             .field("hold_count", &self.hold_count)
             .field("held", &self.is_held())
             .finish()
+    }
+}
+
+/// Runs `work` unless the lease is lost first (`lost` completes), or already (`held` false): the
+/// rule of every guard's `until_lost`.
+pub(crate) async fn until_lost<F: Future>(
+    held: bool,
+    lost: impl Future<Output = ()>,
+    work: F,
+) -> Result<F::Output, Error> {
+    if !held {
+        return Err(Error::LeaseLost);
+    }
+    tokio::select! {
+        biased;
+        () = lost => Err(Error::LeaseLost),
+        output = work => Ok(output),
     }
 }

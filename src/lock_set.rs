@@ -183,14 +183,7 @@ impl LockSetGuard {
     /// Runs `work` while every lease is held: if one is lost first, `work` is dropped and
     /// `Err(Error::LeaseLost)` is returned.
     pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
-        if !self.is_held() {
-            return Err(Error::LeaseLost);
-        }
-        tokio::select! {
-            biased;
-            () = self.lost() => Err(Error::LeaseLost),
-            output = work => Ok(output),
-        }
+        crate::guard::until_lost(self.is_held(), self.lost(), work).await
     }
 
     /// Releases every name (one level of reentrancy each), in reverse order, and waits for Redis to
