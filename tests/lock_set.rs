@@ -1,7 +1,7 @@
 //! `lock_all`: several names, all or none, against real servers: exclusion with single locks,
 //! all-or-none refusal leaving nothing held, callers with overlapping sets in opposite orders never
-//! deadlocking (Redisson's `RedissonMultiLockTest` scenarios), reentrancy, bad input, and a set over
-//! a cluster's slots and over a quorum of masters.
+//! deadlocking (Redisson's `RedissonMultiLockTest` scenarios), reentrancy, bad input, a set over
+//! a cluster's slots and over a quorum of masters, and a model of the rules driven by random steps.
 
 mod support;
 
@@ -205,4 +205,108 @@ async fn a_set_spans_cluster_slots_and_quorum_masters() {
     }
     guard.release().await.unwrap();
     multi.shutdown().await;
+}
+
+/// One step of the model run.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An actor tries (no waiting) the names picked by the bits of the mask (1..16 over 4 names).
+    Try(usize, u8),
+    /// An actor releases its set acquired `n`-th from last (if it holds any).
+    Release(usize, usize),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..3usize, 1..16u8).prop_map(|(a, m)| Step::Try(a, m)),
+        (0..3usize, 0..3usize).prop_map(|(a, n)| Step::Release(a, n)),
+    ]
+}
+
+/// The rules against a model, over random steps of three owners on four names: a set is granted
+/// iff every name in it is free or the owner's own (reentrant), and then held by that owner once
+/// more per name; a refusal leaves nothing held; a release gives one level of each name back.
+#[test]
+fn sets_follow_their_model_under_random_steps() {
+    use proptest::prelude::*;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let client = rt.block_on(client(&server.url()));
+    let config = ProptestConfig {
+        cases: 16,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let cases = AtomicUsize::new(0);
+    proptest!(config, |(steps in proptest::collection::vec(step(), 1..30))| {
+        let case = cases.fetch_add(1, Ordering::Relaxed);
+        let names: Vec<String> = (0..4).map(|i| format!("model-{}-{case}-{i}", std::process::id())).collect();
+        let owners: Vec<Owner> = (0..3).map(|_| Owner::new()).collect();
+        // The model: per name, its owner and hold count.
+        let mut held: Vec<Option<(usize, u32)>> = vec![None; 4];
+        let mut guards: Vec<Vec<(u8, relock::LockSetGuard)>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        rt.block_on(async {
+            for step in &steps {
+                match *step {
+                    Step::Try(actor, mask) => {
+                        let picked: Vec<usize> = (0..4).filter(|i| mask & (1 << i) != 0).collect();
+                        let set: Vec<&str> = picked.iter().map(|&i| names[i].as_str()).collect();
+                        let expect = picked.iter().all(|&i| held[i].is_none_or(|(o, _)| o == actor));
+                        let got = client.lock_all(&set).owner(owners[actor].clone()).try_acquire().await.expect("try");
+                        prop_assert_eq!(got.is_some(), expect, "{:?} with {:?}", step, held);
+                        match got {
+                            Some(guard) => {
+                                for &i in &picked {
+                                    let count = held[i].map_or(0, |(_, c)| c);
+                                    held[i] = Some((actor, count + 1));
+                                }
+                                guards[actor].push((mask, guard));
+                            }
+                            None => {
+                                // What the refused set took is given back in the background: the
+                                // names free in the model become free in Redis.
+                                for &i in &picked {
+                                    if held[i].is_none() {
+                                        let key = lock_key(&names[i]);
+                                        prop_assert!(
+                                            support::eventually(Duration::from_secs(5), || !server.exists(&key)).await,
+                                            "{} still held after a refused set", key
+                                        );
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    Step::Release(actor, n) => {
+                        let mine = &mut guards[actor];
+                        if mine.is_empty() {
+                            continue;
+                        }
+                        let (mask, guard) = mine.remove(mine.len() - 1 - n.min(mine.len() - 1));
+                        guard.release().await.expect("release");
+                        for i in (0..4).filter(|i| mask & (1 << i) != 0) {
+                            held[i] = match held[i] {
+                                Some((o, c)) if c > 1 => Some((o, c - 1)),
+                                _ => None,
+                            };
+                        }
+                    }
+                }
+                for (i, name) in names.iter().enumerate() {
+                    prop_assert_eq!(server.exists(&lock_key(name)), held[i].is_some(), "{} after {:?}", name, step);
+                }
+            }
+            for mine in &mut guards {
+                for (_, guard) in mine.drain(..) {
+                    guard.release().await.expect("release");
+                }
+            }
+            Ok(())
+        })?;
+    });
 }
