@@ -4,9 +4,9 @@
 //! A waiter registers its interest in a lock's release channel and gets a [`Subscription`]. One
 //! background task per node owns the subscriber connection: it batches the `SUBSCRIBE`/`UNSUBSCRIBE`
 //! commands that the registrations call for, and turns each release message into a wake-up of one
-//! waiter of that channel (a latch's `*` message into a wake-up of all). Anything that may have lost a message (a lagging receiver, a reconnect,
-//! a subscription just confirmed) wakes every waiter, who then simply try again; the holder's TTL bounds
-//! what a message lost any other way can cost.
+//! waiter of that channel (a latch's `*` message into a wake-up of all). Anything that may have lost
+//! a message (a lagging receiver, a reconnect, a subscription just confirmed) wakes every waiter,
+//! who then simply try again; the holder's TTL bounds what a message lost any other way can cost.
 //!
 //! On a Redis ≥ 7 cluster the channels are sharded (`SSUBSCRIBE`, one command per slot, each
 //! awaited: fred confirms them). A slot that moves (resharding, failover) drops its subscriptions
