@@ -2,9 +2,9 @@
 //!
 //! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`] and
 //! [`MultiLock`] here mirror the crate's async types of the same names, with every `async fn`
-//! turned into a call that blocks the calling thread until it is done. Not mirrored: building a
-//! client from a fred client or from other clients, the inspection calls, and the latch (use the
-//! async API for those).
+//! turned into a call that blocks the calling thread until it is done, and a blocking
+//! [`CountDownLatch`]. Not mirrored: building a client from a fred client or from other clients,
+//! the inspection calls, `lock_all` and the unbounded latch wait (use the async API for those).
 //!
 //! ```no_run
 //! use relock::blocking::LockClient;
@@ -69,6 +69,7 @@ const _: fn() = || {
     assert::<Lock>();
     assert::<LockGuard>();
     assert::<MultiLock>();
+    assert::<CountDownLatch>();
 };
 
 /// What a client, its clones, locks and guards share: the runtime the async client lives on.
@@ -232,6 +233,15 @@ impl LockClient {
     pub fn lock(&self, name: &str) -> Lock {
         Lock {
             inner: self.inner.lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The countdown latch called `name` (see [`CountDownLatch`](crate::CountDownLatch)), blocking.
+    /// No I/O.
+    pub fn latch(&self, name: &str) -> CountDownLatch {
+        CountDownLatch {
+            inner: self.inner.latch(name),
             shared: self.shared.clone(),
         }
     }
@@ -443,6 +453,53 @@ impl LockGuard {
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("blocking::LockGuard").field(&self.inner).finish()
+    }
+}
+
+/// A countdown latch, blocking: the blocking [`CountDownLatch`](crate::CountDownLatch). Made by
+/// [`LockClient::latch`]; cheap to clone.
+#[derive(Clone)]
+pub struct CountDownLatch {
+    inner: crate::CountDownLatch,
+    shared: Arc<Shared>,
+}
+
+impl CountDownLatch {
+    /// The latch's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Arms an open latch with `count`: `false` if it is still counting (see
+    /// [`CountDownLatch::set_count`](crate::CountDownLatch::set_count)).
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn set_count(&self, count: u64) -> Result<bool, Error> {
+        self.shared.block_on(self.inner.set_count(count))?
+    }
+
+    /// Counts one arrival; returns the count left. [`Error::InsideRuntime`] inside an async runtime.
+    pub fn count_down(&self) -> Result<u64, Error> {
+        self.shared.block_on(self.inner.count_down())?
+    }
+
+    /// The count left (0: open). [`Error::InsideRuntime`] inside an async runtime.
+    pub fn count(&self) -> Result<u64, Error> {
+        self.shared.block_on(self.inner.count())?
+    }
+
+    /// Blocks at most `wait` for the latch to open: `true` if it did (see
+    /// [`CountDownLatch::wait_for`](crate::CountDownLatch::wait_for)). [`Error::InsideRuntime`]
+    /// inside an async runtime.
+    pub fn wait_for(&self, wait: Duration) -> Result<bool, Error> {
+        self.shared.block_on(self.inner.wait_for(wait))?
+    }
+}
+
+impl std::fmt::Debug for CountDownLatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::CountDownLatch")
+            .field(&self.inner)
+            .finish()
     }
 }
 

@@ -330,6 +330,14 @@ async fn refused_inside_an_async_runtime() {
         guard.wait_lost_for(Duration::ZERO),
         Err(Error::InsideRuntime)
     ));
+    let latch = client.latch(&name);
+    assert!(matches!(latch.set_count(1), Err(Error::InsideRuntime)));
+    assert!(matches!(latch.count_down(), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        latch.wait_for(Duration::ZERO),
+        Err(Error::InsideRuntime)
+    ));
+    drop(latch);
     assert!(matches!(client.shutdown(), Err(Error::InsideRuntime)));
     assert!(guard.is_held());
     // Released in the background, and every handle dropped here, inside the runtime: no panic,
@@ -388,4 +396,40 @@ fn refused_inside_runtime_block_on() {
     let guard = lock.acquire().unwrap();
     assert_eq!(guard.hold_count(), 1);
     assert!(lock.is_locked().unwrap());
+}
+
+#[test]
+fn a_latch_wakes_a_blocked_thread_when_workers_count_down() {
+    let server = RedisServer::start();
+    let job = client(&server);
+    let name = unique_name("latch");
+    let latch = job.latch(&name);
+    assert!(latch.set_count(3).unwrap());
+    assert!(!latch.set_count(3).unwrap(), "still counting");
+    let started = Instant::now();
+    let workers: Vec<_> = (0..3u64)
+        .map(|i| {
+            let (url, name) = (server.url(), name.clone());
+            thread::spawn(move || {
+                let client = LockClient::connect(&url).unwrap();
+                thread::sleep(Duration::from_millis(100 * (i + 1)));
+                client.latch(&name).count_down().unwrap()
+            })
+        })
+        .collect();
+    assert!(latch.wait_for(Duration::from_secs(10)).unwrap(), "opened");
+    let waited = started.elapsed();
+    let mut left: Vec<u64> = workers.into_iter().map(|w| w.join().unwrap()).collect();
+    left.sort();
+    assert_eq!(left, vec![0, 1, 2]);
+    // Not before the last count-down (at 300 ms), and woken by its message, not a timeout.
+    assert!(waited >= Duration::from_millis(290), "opened after {waited:?}");
+    assert!(waited < Duration::from_secs(5), "opened after {waited:?}");
+    assert_eq!(latch.count().unwrap(), 0);
+    let closed = job.latch(&unique_name("closed"));
+    assert!(closed.set_count(1).unwrap());
+    assert!(
+        !closed.wait_for(Duration::from_millis(200)).unwrap(),
+        "nobody counts it down"
+    );
 }
