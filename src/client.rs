@@ -10,6 +10,7 @@ use crate::lock::Lock;
 use crate::lock_set::LockSet;
 use crate::node::{EvictionCheck, Node};
 use crate::quorum::Masters;
+use crate::semaphore::Semaphore;
 use crate::Error;
 
 /// Builds a client's core and starts its two background tasks, the watchdog and the releaser
@@ -120,6 +121,13 @@ impl LockClient {
     /// the names are checked when the set is used.
     pub fn lock_all(&self, names: &[&str]) -> LockSet {
         LockSet::new(names.iter().map(|name| self.lock(name)).collect())
+    }
+
+    /// The semaphore called `name`, of `permits` permits (see [`Semaphore`]: every holder's lease is
+    /// renewed by the watchdog, so a crashed holder's permits come back). No I/O; the name and
+    /// numbers are checked when it is used.
+    pub fn semaphore(&self, name: &str, permits: u64) -> Semaphore {
+        Semaphore::new(self.core.clone(), name, permits)
     }
 
     /// The countdown latch called `name` (see [`CountDownLatch`]). No I/O; the name is checked

@@ -113,7 +113,7 @@ impl Core {
     /// Kicks the watchdog if a hold that runs out at `deadline` needs it sooner than it will wake.
     /// The hold's deadline is set before this is called, and the watchdog marks itself awake before
     /// it reads the holds: either it sees the hold, or this sees it awake and kicks.
-    fn wake_watchdog_for(&self, deadline: Instant) {
+    pub(crate) fn wake_watchdog_for(&self, deadline: Instant) {
         if self.micros(deadline) < self.watchdog_wake.load(Ordering::SeqCst) {
             self.watchdog_kick.notify_one();
         }

@@ -12,6 +12,18 @@ pub(crate) struct LockKeys {
 }
 
 impl LockKeys {
+    /// The keys of one permit holder of the semaphore `sem` (see [`SemaphoreKeys`]): its holder key
+    /// stands where a lock hash would (renewed and released the same way), the index where the
+    /// fence would (in the same slot; a release does not touch it), and the semaphore's channel.
+    pub(crate) fn of_permit_holder(sem: &SemaphoreKeys, holder: &str) -> LockKeys {
+        LockKeys {
+            name: sem.name.clone(),
+            lock: format!("{}:h:{holder}", sem.index).into(),
+            fence: sem.index.clone(),
+            channel: sem.channel.clone(),
+        }
+    }
+
     pub(crate) fn new(prefix: &str, name: &str) -> LockKeys {
         let lock = format!("{prefix}:{{{name}}}");
         LockKeys {
@@ -39,6 +51,27 @@ impl LatchKeys {
             name: name.into(),
             channel: format!("{latch}:zero").into(),
             latch: latch.into(),
+        }
+    }
+}
+
+/// The Redis names of one semaphore: its index (the permits, and who holds how many), the prefix of
+/// its holder keys (one per holder, with that holder's lease), and its release channel. All share
+/// the hash tag `{name}`.
+#[derive(Debug)]
+pub(crate) struct SemaphoreKeys {
+    pub(crate) name: Arc<str>,
+    pub(crate) index: Arc<str>,
+    pub(crate) channel: Arc<str>,
+}
+
+impl SemaphoreKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> SemaphoreKeys {
+        let index = format!("{prefix}:{{{name}}}:sem");
+        SemaphoreKeys {
+            name: name.into(),
+            channel: format!("{index}:released").into(),
+            index: index.into(),
         }
     }
 }

@@ -40,8 +40,10 @@
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 
 //!
-//! Besides locks, a [`LockClient`] hands out [`CountDownLatch`]es (Redisson's `RCountDownLatch`):
-//! waiters of every client are woken by one message when the count reaches zero.
+//! Besides locks, a [`LockClient`] hands out [`Semaphore`]s (every permit holder with a lease the
+//! watchdog renews), [`CountDownLatch`]es (Redisson's `RCountDownLatch`: waiters of every client
+//! are woken by one message when the count reaches zero) and, with a [`MultiLock`] too,
+//! [`LockSet`]s over several names (`lock_all`).
 //!
 //! ## Topologies
 //!
@@ -85,9 +87,11 @@ mod lock_set;
 mod multi;
 mod node;
 mod owner;
+mod permits;
 mod quorum;
 mod releaser;
 mod scripts;
+mod semaphore;
 mod telemetry;
 mod topology;
 mod waiters;
@@ -106,3 +110,4 @@ pub use lock::Lock;
 pub use lock_set::{LockSet, LockSetGuard};
 pub use multi::MultiLock;
 pub use owner::Owner;
+pub use semaphore::{Permit, Semaphore};

@@ -540,6 +540,19 @@ impl Node {
         self.bounded_on(call, key).await
     }
 
+    /// Runs a script over `keys` (all in one slot) whose reply is a list of integers (the
+    /// semaphore's), within the node's bound; a key of another type is [`Error::WrongType`].
+    pub(crate) async fn run_list(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, Error> {
+        let call = self.script(script, keys.iter().map(|k| Key::from(*k)).collect(), args);
+        self.bounded_on(call, keys.first().copied().unwrap_or_default())
+            .await
+    }
+
     /// The publish command of this node's release messages (`PUBLISH`, or `SPUBLISH` on a cluster).
     pub(crate) fn publish(&self) -> &'static str {
         self.link.topology.publish()

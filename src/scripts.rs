@@ -111,6 +111,8 @@ pub(crate) struct Scripts {
     pub(crate) latch_set: Script,
     pub(crate) latch_count_down: Script,
     pub(crate) latch_count: Script,
+    pub(crate) semaphore_acquire: Script,
+    pub(crate) semaphore_available: Script,
 }
 
 impl Scripts {
@@ -128,6 +130,14 @@ impl Scripts {
                 include_str!("../scripts/latch_count_down.lua"),
             ),
             latch_count: Script::new("latch_count", include_str!("../scripts/latch_count.lua")),
+            semaphore_acquire: Script::new(
+                "semaphore_acquire",
+                include_str!("../scripts/semaphore_acquire.lua"),
+            ),
+            semaphore_available: Script::new(
+                "semaphore_available",
+                include_str!("../scripts/semaphore_available.lua"),
+            ),
         }
     }
 
@@ -143,6 +153,8 @@ impl Scripts {
             &self.latch_set,
             &self.latch_count_down,
             &self.latch_count,
+            &self.semaphore_acquire,
+            &self.semaphore_available,
         ] {
             script.load(client, ClusterHash::Random).await?;
         }

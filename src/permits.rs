@@ -1,0 +1,116 @@
+//! The engine's attempt for semaphore permits: one script call that grants a holder its permits
+//! with a lease of its own, returned as a [`Grant`] like a lock's, so that the watchdog renews it and
+//! the releaser gives it back the same way (see `keys::LockKeys::of_permit_holder`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::time::Instant;
+
+use crate::core::{Core, UndoOnDrop};
+use crate::hold::{next_generation, Grant};
+use crate::keys::{LockKeys, SemaphoreKeys};
+use crate::quorum;
+use crate::scripts::scripts;
+use crate::Error;
+
+/// The outcome of one attempt at permits.
+pub(crate) enum PermitAttempt {
+    Granted(Grant),
+    /// Too few free; the soonest a holder's lease runs out, if any has one.
+    Refused {
+        soonest: Option<Duration>,
+    },
+}
+
+impl Core {
+    /// One attempt at `n` of the `permits` of the semaphore `sem`, for the holder `holder` (unique
+    /// to this acquisition), bounded by the node's bound and `until`. A call cut short is undone in
+    /// the background (its grant, if it landed, is removed).
+    pub(crate) async fn attempt_permits(
+        self: &Arc<Self>,
+        sem: &SemaphoreKeys,
+        holder: &Arc<str>,
+        permits: u64,
+        n: u64,
+        until: Option<Instant>,
+    ) -> Result<PermitAttempt, Error> {
+        if self.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        let keys = Arc::new(LockKeys::of_permit_holder(sem, holder));
+        let (hold, _ops) = self.holds.lock_hold(&keys, holder).await;
+        let gen = next_generation();
+        let field: Arc<str> = format!("{holder}:{gen}").into();
+        let lease = self.config.get_watchdog_timeout();
+        let start = Instant::now();
+        let mut undo = UndoOnDrop {
+            core: self,
+            resync: Some(hold.resync(&field, gen)),
+        };
+        let node = &self.masters.nodes[0];
+        let args = vec![
+            Value::from(permits as i64),
+            Value::from(n as i64),
+            Value::from(&*field),
+            Value::from(lease.as_millis().min(i64::MAX as u128) as i64),
+        ];
+        let both: [&str; 2] = [&sem.index, &keys.lock];
+        let call = node.run_list(&scripts().semaphore_acquire, &both, args);
+        let reply = match until {
+            Some(until) => tokio::time::timeout_at(until, call)
+                .await
+                .unwrap_or(Err(Error::Timeout(until.saturating_duration_since(start)))),
+            None => call.await,
+        };
+        // An error leaves the outcome unknown: the undo (on drop) removes a grant that landed.
+        let reply = reply?;
+        undo.resync = None;
+        drop(undo);
+        match reply.as_slice() {
+            [1, _] => {}
+            [0, _, soonest] => {
+                self.holds.retire_if_idle(&hold);
+                return Ok(PermitAttempt::Refused {
+                    soonest: (*soonest >= 0).then(|| Duration::from_millis(*soonest as u64)),
+                });
+            }
+            [-1, stored] => {
+                self.holds.retire_if_idle(&hold);
+                return Err(Error::InvalidConfig(format!(
+                    "semaphore {} has {stored} permits while some are held, not {permits}",
+                    sem.name
+                )));
+            }
+            other => {
+                return Err(Error::Redis(fred::error::Error::new(
+                    fred::error::ErrorKind::Parse,
+                    format!("unexpected reply to a semaphore acquisition: {other:?}"),
+                )))
+            }
+        }
+        let deadline = start + lease.saturating_sub(self.masters.config.drift(lease));
+        let granted = {
+            let mut st = hold.state.lock();
+            if self.is_closed() {
+                None
+            } else {
+                hold.start(&mut st, gen, field.clone());
+                st.lease = lease;
+                st.watchdog = true;
+                st.deadline = deadline;
+                Some(Grant::of(&hold, &st))
+            }
+        };
+        let Some(grant) = granted else {
+            // Shut down meanwhile: given back.
+            let _ = quorum::release(&self.masters, &keys, &field, 0).await;
+            self.holds.retire_if_idle(&hold);
+            return Err(Error::Shutdown);
+        };
+        self.wake_watchdog_for(deadline);
+        tracing::debug!(semaphore = %sem.name, holder = %holder, n, "permits acquired");
+        Ok(PermitAttempt::Granted(grant))
+    }
+}

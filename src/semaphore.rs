@@ -1,0 +1,274 @@
+//! `Semaphore`: N permits shared through Redis, each holder with a lease of its own (Redisson's
+//! `RPermitExpirableSemaphore`, with the watchdog keeping the leases), and its `Permit` guard.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::time::Instant;
+
+use crate::config::check_name;
+use crate::core::Core;
+use crate::guard::LockGuard;
+use crate::keys::SemaphoreKeys;
+use crate::owner::Owner;
+use crate::permits::PermitAttempt;
+use crate::scripts::scripts;
+use crate::Error;
+
+/// A semaphore of `permits` permits shared through Redis: made by
+/// [`LockClient::semaphore`](crate::LockClient::semaphore); cheap to clone, no I/O until used.
+///
+/// - **Every holder has a lease**, renewed by the client's watchdog like a lock's (in the same
+///   batched rounds): a holder that crashes gives its permits back within its lease
+///   (`watchdog_timeout`), where Redisson's plain `RSemaphore` loses them for good. A holder cut off
+///   longer than its lease loses its permits: its [`Permit`] reports it, as a lock guard does.
+/// - **Waiting costs no polling**: a waiter sleeps until a release message (every release wakes
+///   every waiter of the client, since one release may serve several) or until the soonest
+///   holder's lease would run out.
+/// - **The number of permits** is stored with the semaphore while permits are held; a caller
+///   giving another number then gets [`Error::InvalidConfig`] and changes nothing. Once no permit
+///   is held, the next acquisition's number is the one in force.
+/// - Not reentrant: every acquisition is a holder of its own. Not on a
+///   [`MultiLock`](crate::MultiLock): a count of permits split over independent masters has no
+///   majority to agree on. Grants do not wait for replicas (`sync_replicas` applies to locks).
+///
+/// ```no_run
+/// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+/// // At most 10 calls in flight to a rate-limited API, across every instance of the service.
+/// let api = client.semaphore("partner-api", 10);
+/// let permit = api.acquire(1).await?;
+/// // ... call the API; the permit comes back when `permit` is dropped (or within its lease if
+/// // this process dies) ...
+/// drop(permit);
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    core: Arc<Core>,
+    keys: Arc<SemaphoreKeys>,
+    permits: u64,
+}
+
+enum Wait {
+    Once,
+    Until(Instant, Duration),
+    Forever,
+}
+
+impl Semaphore {
+    pub(crate) fn new(core: Arc<Core>, name: &str, permits: u64) -> Semaphore {
+        let keys = Arc::new(SemaphoreKeys::new(core.config.get_key_prefix(), name));
+        Semaphore { core, keys, permits }
+    }
+
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        &self.keys.name
+    }
+
+    /// The number of permits this handle gives the semaphore.
+    pub fn permits(&self) -> u64 {
+        self.permits
+    }
+
+    /// Waits until `n` permits are free, and takes them.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves no permit taken (one granted meanwhile is given back in the
+    /// background).
+    pub async fn acquire(&self, n: u64) -> Result<Permit, Error> {
+        match self.acquire_with(n, Wait::Forever).await? {
+            Some(permit) => Ok(permit),
+            None => Err(Error::Shutdown), // not reached: an unbounded wait ends with permits or an error
+        }
+    }
+
+    /// One attempt, no waiting: `None` if fewer than `n` permits are free.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Semaphore::acquire).
+    pub async fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+        self.acquire_with(n, Wait::Once).await
+    }
+
+    /// Waits at most `wait` for `n` permits: `None` if they were not free by then. Returns within
+    /// `wait`, whatever the server does; if no attempt was answered by then, the result is
+    /// [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`acquire`](Semaphore::acquire).
+    pub async fn try_acquire_for(&self, n: u64, wait: Duration) -> Result<Option<Permit>, Error> {
+        let until = Instant::now()
+            .checked_add(wait)
+            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
+        self.acquire_with(n, Wait::Until(until, wait)).await
+    }
+
+    /// The permits free now (holders whose lease ran out count as free). Within the command timeout.
+    pub async fn available(&self) -> Result<u64, Error> {
+        self.check(1)?;
+        let node = &self.core.masters.nodes[0];
+        let reply = node
+            .run_list(
+                &scripts().semaphore_available,
+                &[&self.keys.index],
+                vec![Value::from(self.permits as i64)],
+            )
+            .await?;
+        match reply.as_slice() {
+            [free, _] => Ok((*free).max(0) as u64),
+            other => Err(Error::Redis(fred::error::Error::new(
+                fred::error::ErrorKind::Parse,
+                format!("unexpected reply to a semaphore read: {other:?}"),
+            ))),
+        }
+    }
+
+    fn check(&self, n: u64) -> Result<(), Error> {
+        check_name(&self.keys.name)?;
+        if self.permits == 0 || self.permits > i64::MAX as u64 {
+            return Err(Error::InvalidConfig(format!(
+                "a semaphore has 1 to {} permits, not {}",
+                i64::MAX,
+                self.permits
+            )));
+        }
+        if n == 0 || n > self.permits {
+            return Err(Error::InvalidConfig(format!(
+                "{n} permits asked of a semaphore of {}",
+                self.permits
+            )));
+        }
+        Ok(())
+    }
+
+    async fn acquire_with(&self, n: u64, wait: Wait) -> Result<Option<Permit>, Error> {
+        self.check(n)?;
+        // A holder of its own per acquisition: permits are not reentrant.
+        let holder = Owner::new().id_for(&self.core.id);
+        let until = match wait {
+            Wait::Until(until, _) => Some(until),
+            Wait::Once | Wait::Forever => None,
+        };
+        let node = &self.core.masters.nodes[0];
+        let mut subscription = None;
+        let mut armed = None;
+        let mut answered = false;
+        loop {
+            if let Some(subscription) = &subscription {
+                armed = Some(crate::waiters::Subscription::armed(subscription));
+            }
+            let attempt = self
+                .core
+                .attempt_permits(&self.keys, &holder, self.permits, n, until)
+                .await;
+            let soonest = match attempt {
+                Ok(PermitAttempt::Granted(grant)) => {
+                    return Ok(Some(Permit {
+                        guard: LockGuard::new(self.core.clone(), grant),
+                        permits: n,
+                    }))
+                }
+                Ok(PermitAttempt::Refused { soonest, .. }) => {
+                    answered = true;
+                    soonest
+                }
+                Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
+                    return match wait {
+                        Wait::Until(_, asked) if !answered => Err(Error::Timeout(asked)),
+                        _ => Ok(None),
+                    };
+                }
+                Err(err) => return Err(err),
+            };
+            match wait {
+                Wait::Once => return Ok(None),
+                Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
+                Wait::Until(..) | Wait::Forever => {}
+            }
+            if subscription.is_none() {
+                let (sub, wake, confirmed) = node.waiters.subscribe_all(&self.keys.channel);
+                subscription = Some(sub);
+                armed = Some(wake);
+                if confirmed {
+                    // A release may have come between the attempt and the subscription.
+                    continue;
+                }
+            }
+            // Woken by a release, or when the soonest holder's lease would run out (a crashed
+            // holder's permits come back then), never later than the caller's bound.
+            let delay = soonest.unwrap_or(self.core.masters.config.retry_delay);
+            let mut wake_at = Instant::now() + delay;
+            if let Some(until) = until {
+                wake_at = wake_at.min(until);
+            }
+            if let Some(armed) = armed.take() {
+                tokio::select! {
+                    () = armed => {}
+                    () = tokio::time::sleep_until(wake_at) => {}
+                }
+            }
+            if self.core.is_closed() {
+                return Err(Error::Shutdown);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Semaphore")
+            .field("name", &self.keys.name)
+            .field("permits", &self.permits)
+            .finish()
+    }
+}
+
+/// Permits of a [`Semaphore`], held until the guard goes: dropping it gives them back at once,
+/// without blocking (as a [`LockGuard`] releases its lock). The watchdog renews its lease.
+#[must_use = "dropping the permit gives it back at once"]
+#[derive(Debug)]
+pub struct Permit {
+    guard: LockGuard,
+    permits: u64,
+}
+
+impl Permit {
+    /// How many permits it holds.
+    pub fn permits(&self) -> u64 {
+        self.permits
+    }
+
+    /// Whether its lease is still held.
+    pub fn is_held(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// How long its lease is still known to be valid.
+    pub fn validity(&self) -> Duration {
+        self.guard.validity()
+    }
+
+    /// Completes when its lease is lost (renewal failed or found it gone, or the lease ran out).
+    pub async fn lost(&self) {
+        self.guard.lost().await;
+    }
+
+    /// Runs `work` while the lease is held: if it is lost first, `work` is dropped and
+    /// `Err(Error::LeaseLost)` is returned.
+    pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
+        self.guard.until_lost(work).await
+    }
+
+    /// Gives the permits back and waits for Redis to confirm; `Err(Error::NotHeld)` if the lease
+    /// was lost.
+    pub async fn release(self) -> Result<(), Error> {
+        self.guard.release().await
+    }
+}

@@ -1,0 +1,192 @@
+//! `Semaphore` against a real redis-server: never more than N permits held, several permits at
+//! once, waiters woken by a release (not by their timers), leases kept by the watchdog, a cut-off
+//! holder's permits coming back within its lease (Redisson's `RPermitExpirableSemaphore` expiry
+//! scenarios, with the watchdog), callers disagreeing on N, and bad input.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use relock::{Error, LockClient, LockConfig};
+use support::proxy::Proxy;
+use support::{unique_name, RedisServer};
+use tokio::time::Instant;
+
+fn fast() -> LockConfig {
+    LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(1500))
+        .renew_interval(Duration::from_millis(300))
+        .command_timeout(Duration::from_secs(2))
+}
+
+async fn client(url: &str, config: LockConfig) -> LockClient {
+    LockClient::connect_with(url, config).await.expect("connect")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn never_more_than_n_permits_are_held() {
+    let server = RedisServer::start();
+    let name = unique_name("api");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let client = client(&server.url(), fast()).await;
+        for _ in 0..4 {
+            let semaphore = client.semaphore(&name, 3);
+            let (inside, most) = (inside.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..10 {
+                    let permit = semaphore.acquire(1).await.expect("acquire");
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(3)).await;
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    permit.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    let all = tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(tasks)).await;
+    assert!(all.is_ok(), "stuck");
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 3, "{most} permits held at once");
+    assert!(most >= 2, "the permits were never shared ({most} at most)");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_permits_at_once_and_available() {
+    let server = RedisServer::start();
+    let c = client(&server.url(), fast()).await;
+    let semaphore = c.semaphore(&unique_name("pool"), 5);
+    assert_eq!(semaphore.available().await.unwrap(), 5);
+    let three = semaphore.acquire(3).await.unwrap();
+    assert_eq!(three.permits(), 3);
+    assert_eq!(semaphore.available().await.unwrap(), 2);
+    assert!(semaphore.try_acquire(3).await.unwrap().is_none());
+    let two = semaphore.try_acquire(2).await.unwrap().expect("two left");
+    assert_eq!(semaphore.available().await.unwrap(), 0);
+    assert!(semaphore
+        .try_acquire_for(1, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .is_none());
+    three.release().await.unwrap();
+    assert_eq!(semaphore.available().await.unwrap(), 3);
+    drop(two); // given back in the background
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while semaphore.available().await.unwrap() != 5 {
+        assert!(Instant::now() < deadline, "a dropped permit was not given back");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_every_waiter_it_can_serve() {
+    let server = RedisServer::start();
+    // A 30 s lease: a waiter woken by its timer (the holder's lease) would wait that long.
+    let config = LockConfig::default();
+    let holder = client(&server.url(), config.clone()).await;
+    let name = unique_name("wake");
+    let both = holder.semaphore(&name, 2).acquire(2).await.unwrap();
+    // Both waiters on one client: one release message must wake both.
+    let c = client(&server.url(), config.clone()).await;
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let semaphore = c.semaphore(&name, 2);
+        waiters.push(tokio::spawn(async move {
+            let permit = semaphore.acquire(1).await.expect("acquire");
+            (Instant::now(), permit)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        waiters.iter().all(|w| !w.is_finished()),
+        "granted while every permit was held"
+    );
+    let released = Instant::now();
+    both.release().await.unwrap();
+    for waiter in waiters {
+        let (at, permit) = tokio::time::timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        assert!(at.duration_since(released) < Duration::from_secs(3), "woken late");
+        assert!(permit.is_held());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_its_lease() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let name = unique_name("lease");
+    let holder = client(&proxy.url(), fast()).await;
+    let other = client(&server.url(), fast()).await;
+    let permit = holder.semaphore(&name, 1).acquire(1).await.unwrap();
+    // Held across several leases by the watchdog.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert!(permit.is_held());
+    assert!(other.semaphore(&name, 1).try_acquire(1).await.unwrap().is_none());
+    // Cut off: no renewal lands; the lease runs out in Redis, and the holder is told.
+    proxy.partition(true);
+    let cut = Instant::now();
+    let taken = other
+        .semaphore(&name, 1)
+        .try_acquire_for(1, Duration::from_secs(10))
+        .await
+        .unwrap()
+        .expect("the permit came back");
+    let back = cut.elapsed();
+    assert!(
+        back < Duration::from_millis(1500 + 2500),
+        "came back after {back:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), permit.lost())
+        .await
+        .expect("the holder was told");
+    assert!(!permit.is_held());
+    assert!(taken.is_held());
+    proxy.partition(false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_disagree_on_the_permits_and_bad_input() {
+    let server = RedisServer::start();
+    let c = client(&server.url(), fast()).await;
+    let name = unique_name("n");
+    let held = c.semaphore(&name, 3).acquire(1).await.unwrap();
+    // Another number while permits are held: refused, nothing changed.
+    assert!(matches!(
+        c.semaphore(&name, 5).try_acquire(1).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert_eq!(c.semaphore(&name, 3).available().await.unwrap(), 2);
+    held.release().await.unwrap();
+    // Nothing held: the next number is the one in force.
+    let five = c.semaphore(&name, 5).acquire(5).await.unwrap();
+    assert!(c.semaphore(&name, 3).try_acquire(1).await.is_err());
+    drop(five);
+
+    let fresh = unique_name("bad");
+    assert!(matches!(
+        c.semaphore(&fresh, 0).try_acquire(1).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        c.semaphore(&fresh, 2).try_acquire(0).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        c.semaphore(&fresh, 2).try_acquire(3).await,
+        Err(Error::InvalidConfig(_))
+    ));
+    assert!(matches!(
+        c.semaphore("a{b}", 2).acquire(1).await,
+        Err(Error::InvalidName(_))
+    ));
+    assert!(server.keys(&format!("*{fresh}*")).is_empty());
+    assert!(server.keys("*a{b}*").is_empty());
+}
