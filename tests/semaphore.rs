@@ -190,3 +190,81 @@ async fn callers_that_disagree_on_the_permits_and_bad_input() {
     assert!(server.keys(&format!("*{fresh}*")).is_empty());
     assert!(server.keys("*a{b}*").is_empty());
 }
+
+/// One step of the model run.
+#[derive(Debug, Clone)]
+enum Step {
+    /// An actor (of three clients) tries for `n` permits, without waiting.
+    Try(usize, u64),
+    /// An actor gives back its permits taken `k`-th from last (if it holds any).
+    Release(usize, usize),
+    /// Anyone reads how many are free.
+    Available(usize),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        (0..3usize, 1..=3u64).prop_map(|(a, n)| Step::Try(a, n)),
+        (0..3usize, 0..3usize).prop_map(|(a, k)| Step::Release(a, k)),
+        (0..3usize).prop_map(Step::Available),
+    ]
+}
+
+/// The rules against a model, over random steps of three clients on a semaphore of 4: `n` permits
+/// are granted iff `n` are free, `available` is 4 minus what is held, and a release frees what it
+/// held.
+#[test]
+fn the_semaphore_follows_its_model_under_random_steps() {
+    use proptest::prelude::*;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let clients: Vec<LockClient> = rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..3 {
+            clients.push(client(&server.url(), fast()).await);
+        }
+        clients
+    });
+    let config = ProptestConfig {
+        cases: 16,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let cases = AtomicUsize::new(0);
+    proptest!(config, |(steps in proptest::collection::vec(step(), 1..40))| {
+        let name = format!("model-{}-{}", std::process::id(), cases.fetch_add(1, Ordering::Relaxed));
+        let mut held: Vec<Vec<relock::Permit>> = vec![Vec::new(), Vec::new(), Vec::new()];
+        rt.block_on(async {
+            for step in &steps {
+                let used: u64 = held.iter().flatten().map(relock::Permit::permits).sum();
+                match *step {
+                    Step::Try(actor, n) => {
+                        let got = clients[actor].semaphore(&name, 4).try_acquire(n).await.expect("try");
+                        prop_assert_eq!(got.is_some(), used + n <= 4, "{:?} with {} held", step, used);
+                        held[actor].extend(got);
+                    }
+                    Step::Release(actor, k) => {
+                        let mine = &mut held[actor];
+                        if !mine.is_empty() {
+                            let permit = mine.remove(mine.len() - 1 - k.min(mine.len() - 1));
+                            permit.release().await.expect("release");
+                        }
+                    }
+                    Step::Available(actor) => {
+                        let free = clients[actor].semaphore(&name, 4).available().await.expect("available");
+                        prop_assert_eq!(free, 4 - used, "{} held", used);
+                    }
+                }
+            }
+            for permit in held.iter_mut().flat_map(|h| h.drain(..)) {
+                permit.release().await.expect("release");
+            }
+            Ok(())
+        })?;
+    });
+}
