@@ -17,11 +17,10 @@ use crate::Error;
 
 /// The outcome of one attempt at permits.
 pub(crate) enum PermitAttempt {
-    Granted(Grant),
-    /// Too few free; the soonest a holder's lease runs out, if any has one.
-    Refused {
-        soonest: Option<Duration>,
-    },
+    /// Granted, with this many permits still free.
+    Granted { grant: Grant, free: u64 },
+    /// Too few free (`free` are); the soonest a holder's lease runs out, if any has one.
+    Refused { free: u64, soonest: Option<Duration> },
 }
 
 impl Core {
@@ -68,11 +67,12 @@ impl Core {
         let reply = reply?;
         undo.resync = None;
         drop(undo);
-        match reply.as_slice() {
-            [1, _] => {}
-            [0, _, soonest] => {
+        let free = match reply.as_slice() {
+            [1, free] => (*free).max(0) as u64,
+            [0, free, soonest] => {
                 self.holds.retire_if_idle(&hold);
                 return Ok(PermitAttempt::Refused {
+                    free: (*free).max(0) as u64,
                     soonest: (*soonest >= 0).then(|| Duration::from_millis(*soonest as u64)),
                 });
             }
@@ -89,7 +89,7 @@ impl Core {
                     format!("unexpected reply to a semaphore acquisition: {other:?}"),
                 )))
             }
-        }
+        };
         let deadline = start + lease.saturating_sub(self.masters.config.drift(lease));
         let granted = {
             let mut st = hold.state.lock();
@@ -111,6 +111,6 @@ impl Core {
         };
         self.wake_watchdog_for(deadline);
         tracing::debug!(semaphore = %sem.name, holder = %holder, n, "permits acquired");
-        Ok(PermitAttempt::Granted(grant))
+        Ok(PermitAttempt::Granted { grant, free })
     }
 }

@@ -24,9 +24,10 @@ use crate::Error;
 ///   batched rounds): a holder that crashes gives its permits back within its lease
 ///   (`watchdog_timeout`), where Redisson's plain `RSemaphore` loses them for good. A holder cut off
 ///   longer than its lease loses its permits: its [`Permit`] reports it, as a lock guard does.
-/// - **Waiting costs no polling**: a waiter sleeps until a release message (every release wakes
-///   every waiter of the client, since one release may serve several) or until the soonest
-///   holder's lease would run out.
+/// - **Waiting costs no polling**: a waiter sleeps until a release message or until the soonest
+///   holder's lease would run out. A release wakes one waiter per client, which passes the wake-up
+///   on while permits are left, so a release of several permits serves several waiters without a
+///   stampede.
 /// - **The number of permits** is stored with the semaphore while permits are held; a caller
 ///   giving another number then gets [`Error::InvalidConfig`] and changes nothing. Once no permit
 ///   is held, the next acquisition's number is the one in force.
@@ -168,15 +169,26 @@ impl Semaphore {
                 .core
                 .attempt_permits(&self.keys, &holder, self.permits, n, until)
                 .await;
+            // A release message wakes one waiter per client; one that finds permits left over (it
+            // took fewer than were freed, or asked for more than there are) passes the wake-up on
+            // to the next waiter, so that a release of several permits serves several waiters
+            // without waking every one of them.
+            let pass_on = |free: u64| {
+                if let (Some(subscription), true) = (&subscription, free > 0) {
+                    crate::waiters::Subscription::waker(subscription).notify_one();
+                }
+            };
             let soonest = match attempt {
-                Ok(PermitAttempt::Granted(grant)) => {
+                Ok(PermitAttempt::Granted { grant, free }) => {
+                    pass_on(free);
                     return Ok(Some(Permit {
                         guard: LockGuard::new(self.core.clone(), grant),
                         permits: n,
-                    }))
+                    }));
                 }
-                Ok(PermitAttempt::Refused { soonest, .. }) => {
+                Ok(PermitAttempt::Refused { free, soonest }) => {
                     answered = true;
+                    pass_on(free);
                     soonest
                 }
                 Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
@@ -193,7 +205,7 @@ impl Semaphore {
                 Wait::Until(..) | Wait::Forever => {}
             }
             if subscription.is_none() {
-                let (sub, wake, confirmed) = node.waiters.subscribe_all(&self.keys.channel);
+                let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel);
                 subscription = Some(sub);
                 armed = Some(wake);
                 if confirmed {

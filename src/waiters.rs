@@ -44,8 +44,6 @@ struct Entry {
     confirmed: bool,
     /// On a cluster, the primary it was subscribed on.
     owner: Option<Server>,
-    /// Every message wakes every waiter (a semaphore's release may serve several).
-    all: bool,
 }
 
 #[derive(Default)]
@@ -119,20 +117,9 @@ impl Waiters {
     /// confirmed already; if not, the confirmation itself wakes the waiter, who must then try again,
     /// since a release may have come before it.
     pub(crate) fn subscribe(&self, channel: &Arc<str>) -> (Subscription, Armed, bool) {
-        self.subscribe_with(channel, false)
-    }
-
-    /// [`subscribe`](Waiters::subscribe) to a channel whose every message wakes every waiter (a
-    /// semaphore's: one release may serve several waiters, each asking for its own count).
-    pub(crate) fn subscribe_all(&self, channel: &Arc<str>) -> (Subscription, Armed, bool) {
-        self.subscribe_with(channel, true)
-    }
-
-    fn subscribe_with(&self, channel: &Arc<str>, all: bool) -> (Subscription, Armed, bool) {
         let mut channels = self.shared.channels.lock();
         let entry = channels.entry(channel.clone()).or_default();
         entry.refs += 1;
-        entry.all |= all;
         let notify = entry.notify.clone();
         // Armed under the lock: a confirmation, which also takes the lock, cannot slip past it.
         let notified = arm(&notify);
@@ -233,7 +220,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
                     let channels = strong.channels.lock();
                     if let Some(entry) = channels.get(&*message.channel) {
                         // `*` (a latch opened) is for every waiter; a release, for one.
-                        if entry.all || message.value.as_bytes() == Some(b"*") {
+                        if message.value.as_bytes() == Some(b"*") {
                             entry.notify.notify_waiters();
                         } else {
                             entry.notify.notify_one();

@@ -58,10 +58,11 @@ pub enum Group {
     Watchdog,
     Waiters,
     Cluster,
+    Family,
 }
 
 impl Group {
-    const ALL: [Group; 9] = [
+    const ALL: [Group; 10] = [
         Group::Floor,
         Group::Ceiling,
         Group::Uncontended,
@@ -71,6 +72,7 @@ impl Group {
         Group::Watchdog,
         Group::Waiters,
         Group::Cluster,
+        Group::Family,
     ];
 
     fn name(self) -> &'static str {
@@ -84,6 +86,7 @@ impl Group {
             Group::Watchdog => "watchdog",
             Group::Waiters => "waiters",
             Group::Cluster => "cluster",
+            Group::Family => "family",
         }
     }
 
@@ -186,6 +189,7 @@ fn main() {
                 Group::Watchdog => workloads::watchdog_scale(&mode, &server, &mut rows, &rounds).await,
                 Group::Waiters => workloads::waiters_scale(&server, &mut rows).await,
                 Group::Cluster => workloads::cluster_rows(&mode, &mut rows, &rounds).await,
+                Group::Family => workloads::semaphore(&mode, &server, &mut rows).await,
             }
         }
         eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());

@@ -48,6 +48,22 @@ impl Contender for Relock {
     }
 }
 
+/// relock's semaphore: one permit per acquisition, waits for a release message, never gives up.
+pub struct RelockPermit(pub relock::Semaphore);
+
+impl Contender for RelockPermit {
+    type Held = relock::Permit;
+    const LIBRARY: Library = Library::Relock;
+
+    async fn acquire(&self) -> Option<relock::Permit> {
+        Some(self.0.acquire(1).await.expect("relock semaphore acquire"))
+    }
+
+    async fn release(&self, permit: relock::Permit) -> bool {
+        permit.release().await.is_ok()
+    }
+}
+
 /// rslock: `SET NX PX` on every master, `retry_count` tries with a pause drawn from
 /// `0..retry_delay` whole milliseconds between them (the failed try's keys deleted first).
 pub struct Rslock {

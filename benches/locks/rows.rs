@@ -26,6 +26,8 @@ pub enum Workload {
     Waiters,
     ClusterUncontended,
     ClusterWatchdog,
+    /// Tasks sharing a semaphore's permits, each holding one for 1 ms.
+    Semaphore,
 }
 
 impl Workload {
@@ -39,6 +41,7 @@ impl Workload {
             Workload::Redlock => "redlock",
             Workload::Watchdog => "watchdog",
             Workload::Waiters => "waiters",
+            Workload::Semaphore => "semaphore",
             Workload::ClusterUncontended => "cluster uncontended",
             Workload::ClusterWatchdog => "cluster watchdog",
         }
@@ -142,6 +145,12 @@ pub enum Params {
     /// A peer's row in the watchdog workload (nothing measured).
     Locks(usize),
     Waiters(usize),
+    /// `tasks` tasks over `clients` clients sharing `permits` permits.
+    Permits {
+        permits: u64,
+        tasks: usize,
+        clients: usize,
+    },
 }
 
 impl Params {
@@ -208,6 +217,11 @@ impl fmt::Display for Params {
             } => write!(f, "primaries={primaries} locks={locks} interval={interval_s}s"),
             Params::Locks(n) => write!(f, "locks={n}"),
             Params::Waiters(n) => write!(f, "waiters={n}"),
+            Params::Permits {
+                permits,
+                tasks,
+                clients,
+            } => write!(f, "permits={permits} tasks={tasks} clients={clients}"),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use contended::{contended, hot_lock};
+pub use contended::{contended, hot_lock, semaphore};
 pub use floor::{ceiling, floor};
 pub use scale::{cluster_rows, waiters_scale, watchdog_scale};
 pub use uncontended::{redlock_quorum, uncontended};
@@ -114,6 +114,22 @@ impl Run {
             .metric(Metric::SectionsPerS, self.rate())
             .percentiles(Metric::HandoffP50Us, Metric::HandoffP99Us, &self.tally.handoff);
         let row = notes.iter().fold(row, |row, note| row.note(note));
+        self.finish(row, Per::Section)
+    }
+
+    /// A semaphore of `permits`: sections per second (and of the ideal, `permits` sections per
+    /// section length), the waits, how long the section took, cost per section.
+    pub fn semaphore_row(&self, params: Params, permits: u64) -> Row {
+        let ideal = permits as f64 / HOT_SECTION.as_secs_f64();
+        let row = Row::new(Workload::Semaphore, self.library, params)
+            .metric(Metric::SectionsPerS, self.rate())
+            .metric(Metric::OfIdeal, self.rate() / ideal)
+            .metric(
+                Metric::Utilization,
+                self.rate() * self.tally.section.mean() / 1e6 / permits as f64,
+            )
+            .percentiles(Metric::WaitP50Us, Metric::WaitP99Us, &self.tally.acquire);
+        let row = row.median(Metric::SectionP50Us, &self.tally.section);
         self.finish(row, Per::Section)
     }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use relock::LockClient;
 
 use super::{run, Run, Shape, HOT_CLIENTS, HOT_SECTION};
-use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, Rslock};
+use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, RelockPermit, Rslock};
 use crate::rows::{Library, Params, Retry, Row, Workload};
 use crate::support::{self, RedisServer};
 use crate::Mode;
@@ -146,4 +146,32 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             }
         }
     }
+}
+
+/// Permits of one semaphore shared by many tasks, each holding one for [`HOT_SECTION`]: how close
+/// the permits stay to busy (the ideal: `permits` sections per section length).
+pub async fn semaphore(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    const PERMITS: u64 = 10;
+    const TASKS: usize = 64;
+    let mut connected = Vec::new();
+    for _ in 0..HOT_CLIENTS {
+        connected.push(LockClient::connect(&server.url()).await.expect("connect"));
+    }
+    let name = support::unique_name("sem");
+    let contenders = (0..TASKS)
+        .map(|i| RelockPermit(connected[i % HOT_CLIENTS].semaphore(&name, PERMITS)))
+        .collect();
+    let r = run(&[server], mode.run, contenders, Shape::Contend(HOT_SECTION)).await;
+    for client in &connected {
+        client.shutdown().await;
+    }
+    let params = Params::Permits {
+        permits: PERMITS,
+        tasks: TASKS,
+        clients: HOT_CLIENTS,
+    };
+    rows.push(
+        r.semaphore_row(params, PERMITS)
+            .note("no peer has a semaphore; the ideal is 10 permits × 1,000 sections/s"),
+    );
 }
