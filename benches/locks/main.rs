@@ -26,6 +26,8 @@
 //! - `watchdog`: 10,000 held locks renewed by the watchdog.
 //! - `waiters`: 10,000 tasks waiting on 10,000 held locks.
 //! - `cluster`: uncontended cycles and the watchdog on a Redis Cluster of three primaries.
+//! - `family`: relock's semaphore, 10 permits shared by 64 tasks over 4 clients, 1 ms sections
+//!   (no peer has one: judged against the ideal of 10,000 sections/s).
 //!
 //! Every throughput row (uncontended, contended, hot lock, redlock, cluster uncontended, floor)
 //! also reports Redis's CPU time and commands per cycle (or section), summed over the servers of
