@@ -132,9 +132,7 @@ impl CountDownLatch {
     ///
     /// As [`wait`](CountDownLatch::wait).
     pub async fn wait_for(&self, wait: Duration) -> Result<bool, Error> {
-        let until = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
+        let until = crate::wait::deadline(wait)?;
         self.wait_until(Some(until)).await
     }
 

@@ -94,6 +94,7 @@ mod scripts;
 mod semaphore;
 mod telemetry;
 mod topology;
+mod wait;
 mod waiters;
 mod watchdog;
 

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -15,6 +14,7 @@ use crate::keys::LockKeys;
 use crate::owner::Owner;
 use crate::quorum::jitter;
 use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
+use crate::wait::Wait;
 use crate::waiters::{Armed, Subscription};
 use crate::Error;
 
@@ -58,24 +58,6 @@ pub struct Lock {
     keys: Arc<LockKeys>,
     lease: Option<Duration>,
     owner: Option<Owner>,
-}
-
-enum Wait {
-    Once,
-    /// Until the instant; the wait asked for, for the error.
-    Until(Instant, Duration),
-    Forever,
-}
-
-impl Wait {
-    /// The `mode` field of the `acquire` span.
-    fn mode(&self) -> &'static str {
-        match self {
-            Wait::Once => "try",
-            Wait::Until(..) => "try_for",
-            Wait::Forever => "wait",
-        }
-    }
 }
 
 impl Lock {
@@ -160,10 +142,7 @@ impl Lock {
     ///
     /// As [`acquire`](Lock::acquire).
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockGuard>, Error> {
-        let until = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
-        self.acquire_with(Wait::Until(until, wait)).await
+        self.acquire_with(Wait::up_to(wait)?).await
     }
 
     /// Whether anyone holds the lock (on a majority of the masters). Within one node timeout.
@@ -285,10 +264,7 @@ impl Lock {
         // The release message this waiter was woken by, until an attempt used it.
         let mut wake_up = WakeUp(None);
         let mut refused = false;
-        let until = match wait {
-            Wait::Until(until, _) => Some(until),
-            Wait::Once | Wait::Forever => None,
-        };
+        let until = wait.until();
         loop {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
@@ -304,18 +280,11 @@ impl Lock {
                     (ttl, split)
                 }
                 // The caller's wait ran out during an attempt (abandoned, undone in the background).
-                Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
-                    return match wait {
-                        Wait::Until(_, asked) if !refused => Err(Error::Timeout(asked)),
-                        _ => Ok(None),
-                    };
-                }
+                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
                 Err(err) => return Err(err),
             };
-            match wait {
-                Wait::Once => return Ok(None),
-                Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
-                Wait::Until(..) | Wait::Forever => {}
+            if wait.over() {
+                return Ok(None);
             }
             if waiting.is_none() {
                 waiting = Some(Waiting::start(report.label()));
@@ -339,10 +308,7 @@ impl Lock {
             if split {
                 delay = delay.min(jitter(self.core.masters.config.retry_delay));
             }
-            let mut wake_at = Instant::now() + delay;
-            if let Some(until) = until {
-                wake_at = wake_at.min(until);
-            }
+            let wake_at = wait.wake_at(delay);
             tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
             let released = futures::future::select_all(armed.drain(..));
             tokio::select! {

@@ -114,9 +114,7 @@ impl LockSet {
     /// As [`acquire`](LockSet::acquire).
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockSetGuard>, Error> {
         self.check()?;
-        let until = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
+        let until = crate::wait::deadline(wait)?;
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             let left = until.saturating_duration_since(Instant::now());

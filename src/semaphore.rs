@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::types::Value;
-use tokio::time::Instant;
 
 use crate::config::check_name;
 use crate::core::Core;
@@ -15,6 +14,7 @@ use crate::keys::SemaphoreKeys;
 use crate::owner::Owner;
 use crate::permits::PermitAttempt;
 use crate::scripts::scripts;
+use crate::wait::Wait;
 use crate::Error;
 
 /// A semaphore of `permits` permits shared through Redis: made by
@@ -51,12 +51,6 @@ pub struct Semaphore {
     core: Arc<Core>,
     keys: Arc<SemaphoreKeys>,
     permits: u64,
-}
-
-enum Wait {
-    Once,
-    Until(Instant, Duration),
-    Forever,
 }
 
 impl Semaphore {
@@ -105,10 +99,7 @@ impl Semaphore {
     ///
     /// As [`acquire`](Semaphore::acquire).
     pub async fn try_acquire_for(&self, n: u64, wait: Duration) -> Result<Option<Permit>, Error> {
-        let until = Instant::now()
-            .checked_add(wait)
-            .ok_or_else(|| Error::InvalidDuration(format!("wait of {wait:?} is too long")))?;
-        self.acquire_with(n, Wait::Until(until, wait)).await
+        self.acquire_with(n, Wait::up_to(wait)?).await
     }
 
     /// The permits free now (holders whose lease ran out count as free). Within the command timeout.
@@ -153,10 +144,7 @@ impl Semaphore {
         self.check(n)?;
         // A holder of its own per acquisition: permits are not reentrant.
         let holder = Owner::new().id_for(&self.core.id);
-        let until = match wait {
-            Wait::Until(until, _) => Some(until),
-            Wait::Once | Wait::Forever => None,
-        };
+        let until = wait.until();
         let node = &self.core.masters.nodes[0];
         let mut subscription = None;
         let mut armed = None;
@@ -191,18 +179,11 @@ impl Semaphore {
                     pass_on(free);
                     soonest
                 }
-                Err(Error::Timeout(_)) if until.is_some_and(|u| Instant::now() >= u) => {
-                    return match wait {
-                        Wait::Until(_, asked) if !answered => Err(Error::Timeout(asked)),
-                        _ => Ok(None),
-                    };
-                }
+                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(answered),
                 Err(err) => return Err(err),
             };
-            match wait {
-                Wait::Once => return Ok(None),
-                Wait::Until(until, _) if Instant::now() >= until => return Ok(None),
-                Wait::Until(..) | Wait::Forever => {}
+            if wait.over() {
+                return Ok(None);
             }
             if subscription.is_none() {
                 let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel);
@@ -215,11 +196,7 @@ impl Semaphore {
             }
             // Woken by a release, or when the soonest holder's lease would run out (a crashed
             // holder's permits come back then), never later than the caller's bound.
-            let delay = soonest.unwrap_or(self.core.masters.config.retry_delay);
-            let mut wake_at = Instant::now() + delay;
-            if let Some(until) = until {
-                wake_at = wake_at.min(until);
-            }
+            let wake_at = wait.wake_at(soonest.unwrap_or(self.core.masters.config.retry_delay));
             if let Some(armed) = armed.take() {
                 tokio::select! {
                     () = armed => {}
