@@ -16,14 +16,6 @@ use support::proxy::Proxy;
 use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
-
 /// Connections the server has accepted so far (each `cmd` of the test support opens one).
 fn connections(server: &RedisServer) -> i64 {
     let Some(info) = server.cmd(&["INFO", "stats"]).as_str().map(str::to_string) else {
@@ -95,7 +87,7 @@ fn name() -> impl Strategy<Value = String> {
 
 #[test]
 fn any_name_and_lease_works_or_is_a_typed_error_that_writes_nothing() {
-    let rt = runtime();
+    let rt = support::runtime();
     let server = RedisServer::start();
     let client = rt.block_on(LockClient::connect(&server.url())).expect("connect");
     let config = ProptestConfig {
@@ -152,7 +144,7 @@ fn any_name_and_lease_works_or_is_a_typed_error_that_writes_nothing() {
 
 #[test]
 fn any_config_works_or_is_a_typed_error_before_any_io() {
-    let rt = runtime();
+    let rt = support::runtime();
     let server = RedisServer::start();
     let config = ProptestConfig {
         cases: 64,

@@ -196,11 +196,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 #[test]
 fn the_latch_follows_its_model_under_random_operations() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = support::runtime();
     let server = RedisServer::start();
     let clients: Vec<LockClient> = rt.block_on(async {
         let mut clients = Vec::new();

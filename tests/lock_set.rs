@@ -230,11 +230,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 #[test]
 fn sets_follow_their_model_under_random_steps() {
     use proptest::prelude::*;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = support::runtime();
     let server = RedisServer::start();
     let client = rt.block_on(client(&server.url()));
     let config = ProptestConfig {

@@ -217,11 +217,7 @@ fn step() -> impl proptest::strategy::Strategy<Value = Step> {
 #[test]
 fn the_semaphore_follows_its_model_under_random_steps() {
     use proptest::prelude::*;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = support::runtime();
     let server = RedisServer::start();
     let clients: Vec<LockClient> = rt.block_on(async {
         let mut clients = Vec::new();

@@ -409,6 +409,16 @@ impl Locks {
     }
 }
 
+/// A runtime for a synchronous test (a property test drives its cases from plain code): two
+/// workers, as the async tests have.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 /// The Redis key of the lock `name` under the default prefix.
 pub fn lock_key(name: &str) -> String {
     format!("relock:{{{name}}}")
