@@ -1,12 +1,19 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
--- while its previous call was in flight. acquire.lua and release.lua are prepended to this file.
+-- while its previous call was in flight. acquire.lua, rw_acquire.lua and release.lua are prepended
+-- to this file.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
 -- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
---   'a', owner, lease ms, target   with KEYS lock, fence     (see acquire.lua)
+--   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua)
 --   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
---   'r', owner, target, channel    with KEYS lock            (see release.lua)
+--   'w', the same                  with KEYS write, fence, readers, waiting (rw_acquire.lua's
+--                                  acquire_write); 'W' also records a waiting writer on refusal;
+--                                  'v' and 'V' are 'w' and 'W' on a master of a quorum
+--   'd', the same                  with KEYS reader, write, readers, waiting (acquire_read)
+--   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
+--   'u', the same                  as 'r', waking every waiter
+--   'x', the same                  with KEYS reader, readers: a read hold (wakes every waiter)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
 local out = {}
@@ -16,14 +23,30 @@ local publish = ARGV[2]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
 end
+local writes = {w = true, W = true, v = true, V = true}
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
   local op = ARGV[a]
   if op == 'a' or op == 'q' then
     ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), op == 'q')
     k = k + 2
+  elseif writes[op] then
+    ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', op == 'W' or op == 'V')
+    k = k + 4
+  elseif op == 'd' then
+    ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+    k = k + 4
+  elseif op == 'x' then
+    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '*', KEYS[k + 1])
+    if ok then
+      reply = {reply}
+    end
+    k = k + 2
   else
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish,
+      op == 'u' and '*' or '1', false)
     if ok then
       reply = {reply}
     end
@@ -31,7 +54,12 @@ for i = 1, tonumber(ARGV[1]) do
   end
   a = a + 4
   if ok then
-    out[i] = reply
+    -- An error reply of a function (a key of another type) is a table with `err`.
+    if type(reply) == 'table' and reply.err then
+      out[i] = {-1, reply.err}
+    else
+      out[i] = reply
+    end
   else
     out[i] = {-1, type(reply) == 'table' and reply.err or tostring(reply)}
   end

@@ -1,12 +1,16 @@
--- Set an owner's hold count to a target; at zero, delete the lock and announce the release
+-- Set an owner's hold count to a target; at zero, delete the hold and announce the release
 -- (a function of the batch script, see batch.lua).
--- lock: the lock hash; owner: owner id; target: the count left after this release;
--- channel: the release channel; publish: the command that announces it (PUBLISH or SPUBLISH).
+-- lock: the lock hash (or a reader key, or the waiting writers' hash of a read-write lock); owner:
+-- the hold's field; target: the count left after this release; channel: the release channel;
+-- publish: the command that announces it (PUBLISH or SPUBLISH); message: '1' wakes one waiter per
+-- client, '*' every waiter (a read-write lock's waiters differ: a reader woken in a writer's place
+-- would leave the writer asleep); index: false, or the set that lists `lock` (a read-write lock's
+-- readers), from which a released reader key is removed.
 --
 -- Setting (not decrementing) the count makes a repeated call harmless.
 -- Returns 0 when the owner does not hold the lock (nothing changed), 1 when a count is left,
 --         2 when the lock was released and the release published.
-local function release(lock, owner, target, channel, publish)
+local function release(lock, owner, target, channel, publish, message, index)
   if target > 0 then
     if redis.call('HEXISTS', lock, owner) == 0 then
       return 0
@@ -18,8 +22,11 @@ local function release(lock, owner, target, channel, publish)
   if redis.call('HDEL', lock, owner) == 0 then
     return 0
   end
+  if index then
+    redis.call('SREM', index, lock)
+  end
   -- No EXISTS check: a field could outlive this one only as an ended generation of the same owner
   -- (its acquisition removes those), and a release message then is a harmless extra wake-up.
-  redis.call(publish, channel, '1')
+  redis.call(publish, channel, message)
   return 2
 end

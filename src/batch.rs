@@ -24,6 +24,7 @@ use fred::types::{Key, Value};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use crate::keys::{Kind, LockKeys};
 use crate::link::NodeClient;
 use crate::scripts::scripts;
 use crate::Error;
@@ -53,13 +54,33 @@ pub(crate) enum Op {
         target: i64,
         /// A master of a quorum: its fence counter kept in step (see `scripts/acquire.lua`).
         in_step: bool,
+        /// Which acquisition: a lock's, or one side of a read-write lock.
+        kind: Kind,
     },
     Release {
         lock: Arc<str>,
         owner: Arc<str>,
         target: i64,
         channel: Arc<str>,
+        /// The message wakes every waiter, not one (see `LockKeys::wakes_all`).
+        all: bool,
+        /// The set `lock` is removed from when released (see `LockKeys::index`).
+        index: Option<Arc<str>>,
     },
+}
+
+impl Op {
+    /// The release of a hold of `keys`, to `target`.
+    pub(crate) fn release(keys: &LockKeys, owner: &Arc<str>, target: i64) -> Op {
+        Op::Release {
+            lock: keys.lock.clone(),
+            owner: owner.clone(),
+            target,
+            channel: keys.channel.clone(),
+            all: keys.kind.wakes_all(),
+            index: keys.kind.index().cloned(),
+        }
+    }
 }
 
 type Reply = oneshot::Sender<Result<Vec<i64>, Error>>;
@@ -239,12 +260,34 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 lease_ms,
                 target,
                 in_step,
+                kind,
                 ..
             } => {
-                keys.push(Key::from(&**lock));
-                keys.push(Key::from(&**fence));
+                let code = match kind {
+                    Kind::Plain | Kind::Mark => {
+                        keys.extend([Key::from(&**lock), Key::from(&**fence)]);
+                        if *in_step {
+                            "q"
+                        } else {
+                            "a"
+                        }
+                    }
+                    Kind::Write { rw, mark } => {
+                        keys.extend([lock, fence, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
+                        match (*in_step, *mark) {
+                            (false, false) => "w",
+                            (false, true) => "W",
+                            (true, false) => "v",
+                            (true, true) => "V",
+                        }
+                    }
+                    Kind::Read(rw) => {
+                        keys.extend([lock, &rw.write, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
+                        "d"
+                    }
+                };
                 args.extend([
-                    Value::from(if *in_step { "q" } else { "a" }),
+                    Value::from(code),
                     Value::from(&**owner),
                     Value::from(*lease_ms),
                     Value::from(*target),
@@ -255,10 +298,20 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 owner,
                 target,
                 channel,
+                all,
+                index,
             } => {
                 keys.push(Key::from(&**lock));
+                let code = match index {
+                    Some(index) => {
+                        keys.push(Key::from(&**index));
+                        "x"
+                    }
+                    None if *all => "u",
+                    None => "r",
+                };
                 args.extend([
-                    Value::from("r"),
+                    Value::from(code),
                     Value::from(&**owner),
                     Value::from(*target),
                     Value::from(&**channel),
@@ -318,7 +371,11 @@ async fn undo_unsynced(
     let mut undos = Vec::new();
     for ((op, _), reply) in batch.iter().zip(replies.iter_mut()) {
         let Op::Acquire {
-            lock, owner, channel, ..
+            lock,
+            owner,
+            channel,
+            kind,
+            ..
         } = op
         else {
             continue;
@@ -330,6 +387,8 @@ async fn undo_unsynced(
                 owner: owner.clone(),
                 target: (*prev).max(0),
                 channel: channel.clone(),
+                all: kind.wakes_all(),
+                index: kind.index().cloned(),
             });
             *reply = Err(short.clone());
         }

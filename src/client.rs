@@ -116,6 +116,12 @@ impl LockClient {
         Lock::new(self.core.clone(), name)
     }
 
+    /// The read-write lock called `name` (see [`RwLock`](crate::RwLock)). No I/O; the name is
+    /// checked when a side is used.
+    pub fn rw_lock(&self, name: &str) -> crate::RwLock {
+        crate::RwLock::new(self.core.clone(), name)
+    }
+
     /// The locks called `names`, taken together, all or none (see [`LockSet`]; Redisson's
     /// `RedissonMultiLock`, not relock's [`MultiLock`](crate::MultiLock), which is Redlock). No I/O;
     /// the names are checked when the set is used.

@@ -219,6 +219,7 @@ impl Core {
                 if reentry {
                     if st.gen == gen && st.active() {
                         st.count += 1;
+                        st.confirmed = Some(target);
                         st.deadline = st.deadline.max(deadline);
                         Some(Grant::of(&hold, &st))
                     } else {

@@ -53,6 +53,12 @@ pub enum Error {
     /// The key at the lock's name holds a value of another type, which relock does not touch.
     #[error("the key {0} holds a value that is not a relock lock (WRONGTYPE)")]
     WrongType(String),
+    /// The owner asked for the write lock of a read-write lock while it holds its read lock. An
+    /// upgrade would deadlock as soon as two readers tried it, so it is refused at once: release
+    /// the read lock first (or take the write lock first: a writer may also read). Nothing was
+    /// changed in Redis.
+    #[error("the read-write lock {0} is read by this owner, which cannot take its write lock")]
+    Upgrade(String),
     /// Fewer replicas than [`sync_replicas`](crate::LockConfig::sync_replicas) acknowledged an
     /// acquisition within `sync_timeout`. The grant was undone at once on the primary (should that
     /// undo fail, it is retried in the background): the caller holds nothing.
@@ -82,6 +88,12 @@ impl Error {
             self,
             Error::InvalidName(_) | Error::InvalidDuration(_) | Error::InvalidConfig(_)
         )
+    }
+
+    /// An answer that decides the attempt as a refusal would, on the master that gave it: a key of
+    /// another type, or an upgrade.
+    pub(crate) fn is_refusal(&self) -> bool {
+        matches!(self, Error::WrongType(_) | Error::Upgrade(_))
     }
 
     /// Maps a Redis error about `key` to the most telling variant.

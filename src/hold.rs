@@ -20,7 +20,7 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::keys::LockKeys;
+use crate::keys::{Kind, LockKeys};
 use crate::telemetry::{self, End, Label};
 
 /// How a hold keeps its lease.
@@ -48,6 +48,10 @@ pub(crate) struct HoldState {
     pub(crate) field: Arc<str>,
     /// When this generation was granted (for `relock_hold_seconds`).
     pub(crate) since: Instant,
+    /// The count Redis was last known to hold for this generation, from this client's own answered
+    /// operations; `None` when unknown. A release whose target Redis already has is not sent: a
+    /// guard's background release that ran after a later level went too has released both.
+    pub(crate) confirmed: Option<u32>,
 }
 
 impl HoldState {
@@ -73,6 +77,9 @@ pub(crate) struct Hold {
     pub(crate) state: Mutex<HoldState>,
     /// The `lock` label of its figures (see `telemetry.rs`).
     pub(crate) label: Label,
+    /// Whether its possessions count in the figures: not a waiting writer's mark, which holds
+    /// nothing.
+    pub(crate) counted: bool,
 }
 
 impl Hold {
@@ -84,8 +91,13 @@ impl Hold {
         let st = self.state.lock();
         if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
             st.lost.send_replace(true);
-            telemetry::hold_ended(&self.label, End::Lost, st.since.elapsed());
-            tracing::warn!(lock = %self.keys.name, owner = %self.owner, reason, "lock lost");
+            if self.counted {
+                telemetry::hold_ended(&self.label, End::Lost, st.since.elapsed());
+                tracing::warn!(lock = %self.keys.name, owner = %self.owner, reason, "lock lost");
+            } else {
+                // A mark is advisory: new readers go ahead of the writer until its next attempt.
+                tracing::debug!(lock = %self.keys.name, owner = %self.owner, reason, "waiting writer's mark lost");
+            }
         }
     }
 
@@ -94,14 +106,17 @@ impl Hold {
         st.gen = gen;
         st.field = field;
         st.count = 1;
+        st.confirmed = Some(1);
         st.since = Instant::now();
         st.lost = Arc::new(watch::channel(false).0);
-        telemetry::hold_started(&self.label);
+        if self.counted {
+            telemetry::hold_started(&self.label);
+        }
     }
 
     /// Ends the active generation in `st`, this hold's state, as given back (the client shuts down).
     pub(crate) fn give_back(&self, st: &mut HoldState) {
-        if st.active() {
+        if st.active() && self.counted {
             telemetry::hold_ended(&self.label, End::Released, st.since.elapsed());
         }
         st.count = 0;
@@ -129,7 +144,7 @@ impl Hold {
         }
         st.count -= 1;
         let lost = *st.lost.borrow();
-        if st.count == 0 && !lost {
+        if st.count == 0 && !lost && self.counted {
             telemetry::hold_ended(&self.label, End::Released, st.since.elapsed());
         }
         Some(lost)
@@ -239,8 +254,10 @@ impl Holds {
                         retired: false,
                         field: owner.clone(),
                         since: Instant::now(),
+                        confirmed: None,
                     }),
                     label: telemetry::label(&keys.name, self.names_in_metrics),
+                    counted: !matches!(keys.kind, Kind::Mark),
                 })
             })
             .clone()

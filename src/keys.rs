@@ -9,6 +9,117 @@ pub(crate) struct LockKeys {
     pub(crate) lock: Arc<str>,
     pub(crate) fence: Arc<str>,
     pub(crate) channel: Arc<str>,
+    pub(crate) kind: Kind,
+}
+
+/// What kind of hold the `lock` key of a [`LockKeys`] carries, which decides the scripts' operation
+/// (see `scripts/batch.lua`).
+#[derive(Debug, Clone)]
+pub(crate) enum Kind {
+    /// A lock hash: a lock, or a semaphore's holder key.
+    Plain,
+    /// The write lock of a read-write lock (`lock` is its write hash). `mark`: a refusal records
+    /// the owner as a waiting writer (set for a caller that will wait).
+    Write { rw: Arc<RwKeys>, mark: bool },
+    /// One owner's read hold of a read-write lock (`lock` is that owner's reader key).
+    Read(Arc<RwKeys>),
+    /// A waiting writer's mark (`lock` is the waiting writers' hash, the field the owner id):
+    /// renewed by the watchdog while the writer waits, released when it stops.
+    Mark,
+}
+
+impl Kind {
+    /// Whether a release wakes every waiter of a client (message `*`), not one (`1`). A read-write
+    /// lock's waiters wait for different things, so one woken in another's place could leave that
+    /// one asleep: all are woken.
+    pub(crate) fn wakes_all(&self) -> bool {
+        !matches!(self, Kind::Plain)
+    }
+
+    /// The set a released hold's key is removed from: a read-write lock's readers.
+    pub(crate) fn index(&self) -> Option<&Arc<str>> {
+        match self {
+            Kind::Read(rw) => Some(&rw.readers),
+            _ => None,
+        }
+    }
+}
+
+/// The Redis names of one read-write lock (see `scripts/rw_acquire.lua`). All share the hash tag
+/// `{name}` (with a plain lock of the same name, whose keys they do not touch).
+#[derive(Debug)]
+pub(crate) struct RwKeys {
+    pub(crate) name: Arc<str>,
+    /// The write lock's hash.
+    pub(crate) write: Arc<str>,
+    pub(crate) fence: Arc<str>,
+    /// The set of reader keys; a reader key is this followed by `:` and the owner id.
+    pub(crate) readers: Arc<str>,
+    /// The waiting writers' hash.
+    pub(crate) waiting: Arc<str>,
+    pub(crate) channel: Arc<str>,
+}
+
+impl RwKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> RwKeys {
+        let write = format!("{prefix}:{{{name}}}:rw");
+        RwKeys {
+            name: name.into(),
+            fence: format!("{write}:fence").into(),
+            readers: format!("{write}:readers").into(),
+            waiting: format!("{write}:writers").into(),
+            channel: format!("{write}:released").into(),
+            write: write.into(),
+        }
+    }
+
+    /// The keys of the write lock; `mark` as in [`Kind::Write`].
+    pub(crate) fn write(self: &Arc<Self>, mark: bool) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: self.write.clone(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Write {
+                rw: self.clone(),
+                mark,
+            },
+        }
+    }
+
+    /// The keys of the read side as a whole (its `lock` is the set of reader keys): what a read
+    /// `Lock` carries until an owner's acquisition takes its own reader key.
+    pub(crate) fn read_side(self: &Arc<Self>) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: self.readers.clone(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Read(self.clone()),
+        }
+    }
+
+    /// The keys of the read hold of the owner `id` (its reader key stands where a lock hash would).
+    pub(crate) fn reader(self: &Arc<Self>, id: &str) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: format!("{}:{id}", self.readers).into(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Read(self.clone()),
+        }
+    }
+
+    /// The keys of a waiting writer's mark.
+    pub(crate) fn mark(&self) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: self.waiting.clone(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Mark,
+        }
+    }
 }
 
 impl LockKeys {
@@ -21,6 +132,7 @@ impl LockKeys {
             lock: format!("{}:h:{holder}", sem.index).into(),
             fence: sem.index.clone(),
             channel: sem.channel.clone(),
+            kind: Kind::Plain,
         }
     }
 
@@ -31,6 +143,7 @@ impl LockKeys {
             fence: format!("{lock}:fence").into(),
             channel: format!("{lock}:released").into(),
             lock: lock.into(),
+            kind: Kind::Plain,
         }
     }
 }

@@ -40,10 +40,11 @@
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 
 //!
-//! Besides locks, a [`LockClient`] hands out [`Semaphore`]s (every permit holder with a lease the
-//! watchdog renews), [`CountDownLatch`]es (Redisson's `RCountDownLatch`: waiters of every client
-//! are woken by one message when the count reaches zero) and, with a [`MultiLock`] too,
-//! [`LockSet`]s over several names (`lock_all`).
+//! Besides locks, a [`LockClient`] hands out [`RwLock`]s (many readers or one writer; writers do
+//! not starve, every reader has a lease of its own; a [`MultiLock`] too), [`Semaphore`]s (every
+//! permit holder with a lease the watchdog renews), [`CountDownLatch`]es (Redisson's
+//! `RCountDownLatch`: waiters of every client are woken by one message when the count reaches zero)
+//! and, with a [`MultiLock`] too, [`LockSet`]s over several names (`lock_all`).
 //!
 //! ## Topologies
 //!
@@ -84,12 +85,14 @@ mod latch;
 mod link;
 mod lock;
 mod lock_set;
+mod marks;
 mod multi;
 mod node;
 mod owner;
 mod permits;
 mod quorum;
 mod releaser;
+mod rw_lock;
 mod scripts;
 mod semaphore;
 mod telemetry;
@@ -111,4 +114,5 @@ pub use lock::Lock;
 pub use lock_set::{LockSet, LockSetGuard};
 pub use multi::MultiLock;
 pub use owner::Owner;
+pub use rw_lock::RwLock;
 pub use semaphore::{Permit, Semaphore};

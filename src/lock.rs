@@ -10,7 +10,7 @@ use crate::config::{check_lease, check_name};
 use crate::core::{Attempt, Core};
 use crate::guard::LockGuard;
 use crate::hold::LeaseMode;
-use crate::keys::LockKeys;
+use crate::keys::{Kind, LockKeys};
 use crate::owner::Owner;
 use crate::quorum::jitter;
 use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
@@ -63,6 +63,11 @@ pub struct Lock {
 impl Lock {
     pub(crate) fn new(core: Arc<Core>, name: &str) -> Lock {
         let keys = Arc::new(LockKeys::new(core.config.get_key_prefix(), name));
+        Lock::with_keys(core, name, keys)
+    }
+
+    /// A lock over `keys`: one side of a read-write lock (see `rw_lock.rs`).
+    pub(crate) fn with_keys(core: Arc<Core>, name: &str, keys: Arc<LockKeys>) -> Lock {
         Lock {
             core,
             name: name.into(),
@@ -78,7 +83,9 @@ impl Lock {
     }
 
     /// The Redis key of the lock's hash, `prefix:{name}` (for ACL rules, and tools that read it).
-    /// Its fence counter is this key followed by `:fence`.
+    /// Its fence counter is this key followed by `:fence`. For the write lock of a
+    /// [`RwLock`](crate::RwLock), `prefix:{name}:rw`; for its read lock, the set of the reader keys,
+    /// `prefix:{name}:rw:readers` (each reader's key is that followed by `:` and its owner id).
     pub fn redis_key(&self) -> &str {
         &self.keys.lock
     }
@@ -256,6 +263,16 @@ impl Lock {
             .unwrap_or_else(Owner::current)
             .id_for(&self.core.id);
         tracing::Span::current().record("owner", &*owner);
+        let keys = match &self.keys.kind {
+            // Every reader's hold has a key (and a lease) of its own.
+            Kind::Read(rw) => Arc::new(rw.reader(&owner)),
+            // A writer that will wait holds back new readers from its first refusal on.
+            Kind::Write { rw, .. } if !matches!(wait, Wait::Once) => Arc::new(rw.write(true)),
+            _ => self.keys.clone(),
+        };
+        // The waiting writer's mark, kept alive while it waits (see `marks.rs`); dropped (removed)
+        // with this future.
+        let mut mark: Option<LockGuard> = None;
         // Counted in `relock_waiters` from the first refusal on.
         let mut waiting: Option<Waiting> = None;
         // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
@@ -269,7 +286,7 @@ impl Lock {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
-            let (ttl, split) = match self.core.attempt(&self.keys, &owner, mode, until).await {
+            let (ttl, split) = match self.core.attempt(&keys, &owner, mode, until).await {
                 Ok(Attempt::Granted(grant)) => {
                     wake_up.0 = None;
                     return Ok(Some(LockGuard::new(self.core.clone(), grant)));
@@ -286,13 +303,17 @@ impl Lock {
             if wait.over() {
                 return Ok(None);
             }
+            if let (None, Kind::Write { rw, mark: true }) = (&mark, &keys.kind) {
+                let grant = self.core.adopt_mark(rw, &owner).await?;
+                mark = Some(LockGuard::new(self.core.clone(), grant));
+            }
             if waiting.is_none() {
                 waiting = Some(Waiting::start(report.label()));
             }
             if subscriptions.is_empty() {
                 let mut confirmed = true;
                 for node in &self.core.masters.nodes {
-                    let (subscription, wake, ok) = node.waiters.subscribe(&self.keys.channel);
+                    let (subscription, wake, ok) = node.waiters.subscribe(&keys.channel);
                     subscriptions.push(subscription);
                     armed.push(wake);
                     confirmed &= ok;

@@ -143,6 +143,12 @@ impl MultiLock {
         Lock::new(self.core.clone(), name)
     }
 
+    /// The read-write lock called `name` (see [`RwLock`](crate::RwLock)). No I/O; the name is
+    /// checked when a side is used.
+    pub fn rw_lock(&self, name: &str) -> crate::RwLock {
+        crate::RwLock::new(self.core.clone(), name)
+    }
+
     /// The locks called `names`, taken together, all or none, each by this quorum (see
     /// [`LockSet`]). No I/O; the names are checked when the set is used.
     pub fn lock_all(&self, names: &[&str]) -> LockSet {

@@ -15,7 +15,7 @@ use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::deadline::Deadlines;
-use crate::keys::LockKeys;
+use crate::keys::{Kind, LockKeys};
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
 use crate::scripts::{not_run, scripts, Script};
 use crate::topology::{self, ServerInfo, Topology};
@@ -362,6 +362,7 @@ impl Node {
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
             target: i64::from(target),
             in_step,
+            kind: keys.kind.clone(),
         };
         let reply = self.run_batched(op).await?;
         match reply.as_slice() {
@@ -372,6 +373,7 @@ impl Node {
             [0, ttl] => Ok(Vote::Busy {
                 ttl: (*ttl > 0).then(|| Duration::from_millis(*ttl as u64)),
             }),
+            [-2] => Err(Error::Upgrade(keys.name.to_string())),
             other => Err(unexpected("acquire", other)),
         }
     }
@@ -383,12 +385,7 @@ impl Node {
         owner: &Arc<str>,
         target: u32,
     ) -> Result<Released, Error> {
-        let op = || Op::Release {
-            lock: keys.lock.clone(),
-            owner: owner.clone(),
-            target: i64::from(target),
-            channel: keys.channel.clone(),
-        };
+        let op = || Op::release(keys, owner, i64::from(target));
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
             [1] => Ok(Released::StillHeld),
@@ -505,21 +502,48 @@ impl Node {
     }
 
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let unlock = self.script(
-            &scripts().force_unlock,
-            vec![Key::from(&*keys.lock)],
-            vec![
-                Value::from(&*keys.channel),
-                Value::from(self.link.topology.publish()),
-            ],
-        );
+        let args = vec![
+            Value::from(&*keys.channel),
+            Value::from(self.link.topology.publish()),
+        ];
+        let unlock = match &keys.kind {
+            // Either side of a read-write lock frees the whole of it.
+            Kind::Write { rw, .. } | Kind::Read(rw) => self.script(
+                &scripts().rw_force_unlock,
+                [&rw.write, &rw.readers, &rw.waiting]
+                    .map(|key| Key::from(&**key))
+                    .to_vec(),
+                args,
+            ),
+            Kind::Plain | Kind::Mark => {
+                self.script(&scripts().force_unlock, vec![Key::from(&*keys.lock)], args)
+            }
+        };
         let removed: i64 = self.bounded_on(unlock, &keys.lock).await?;
         Ok(removed == 1)
     }
 
+    /// Whether the lock is held: for a read-write lock's write side, by a writer; for its read side,
+    /// by a live reader.
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, Error> {
-        let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
-        Ok(found == 1)
+        let (rw, read) = match &keys.kind {
+            Kind::Write { rw, .. } => (rw, false),
+            Kind::Read(rw) => (rw, true),
+            Kind::Plain | Kind::Mark => {
+                let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
+                return Ok(found == 1);
+            }
+        };
+        let state = self.script(
+            &scripts().rw_state,
+            vec![Key::from(&*rw.write), Key::from(&*rw.readers)],
+            Vec::new(),
+        );
+        let state: Vec<i64> = self.bounded_on(state, &keys.lock).await?;
+        match state.as_slice() {
+            [writer, readers] => Ok(if read { *readers > 0 } else { *writer > 0 }),
+            other => Err(unexpected("rw_state", other)),
+        }
     }
 
     /// One lock as `scripts/inspect.lua` reads it (for `inspect.rs`), within the node's bound.

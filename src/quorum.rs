@@ -189,13 +189,13 @@ pub(crate) async fn acquire(
                 };
             }
             Err(err) => {
-                if matches!(err, Error::WrongType(_)) {
+                if err.is_refusal() {
                     answered += 1;
                     refused[i] = true;
                     denied += 1;
                 }
                 tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "acquire request failed");
-                if error.is_none() || matches!(err, Error::WrongType(_)) {
+                if error.is_none() || err.is_refusal() {
                     error = Some(err);
                 }
             }
@@ -243,8 +243,8 @@ pub(crate) async fn acquire(
     if reentry && denied > nodes - needed {
         return Ok(Round::Lost);
     }
-    if let Some(err @ Error::WrongType(_)) = error {
-        return Err(err);
+    if let Some(err) = error.as_ref().filter(|err| err.is_refusal()) {
+        return Err(err.clone());
     }
     if reentry && answered >= needed {
         return Err(Error::Timeout(masters.config.node_timeout));

@@ -102,10 +102,27 @@ async fn release_in_span(
     };
     // Sent even if the hold was retired meanwhile (say, by a refused attempt of the same owner
     // that saw this generation's field still there): a repeat is harmless, a skip is not.
-    let target = hold.state.lock().redis_count(gen);
+    let (target, done) = {
+        let st = hold.state.lock();
+        let target = st.redis_count(gen);
+        (target, !was_lost && st.gen == gen && st.confirmed == Some(target))
+    };
     tracing::Span::current().record("left", target);
+    if done {
+        // An earlier guard's background release, sent after this level went too, did it.
+        if target == 0 {
+            core.holds.retire_if_idle(hold);
+        }
+        return Ok(());
+    }
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
     let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
+    {
+        let mut st = hold.state.lock();
+        if st.gen == gen {
+            st.confirmed = matches!(outcome.outcome(&core.masters), Ok(true)).then_some(target);
+        }
+    }
     if target == 0 {
         // Only now: until the release is sent, the same owner's next acquisition must queue
         // behind it on this hold rather than race it from a new one.

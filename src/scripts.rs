@@ -97,6 +97,7 @@ pub(crate) fn not_run(err: &RedisError) -> bool {
 /// The batch script: the acquire and release functions, then the loop that runs them.
 pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/acquire.lua"),
+    include_str!("../scripts/rw_acquire.lua"),
     include_str!("../scripts/release.lua"),
     include_str!("../scripts/batch.lua")
 );
@@ -113,6 +114,8 @@ pub(crate) struct Scripts {
     pub(crate) latch_count: Script,
     pub(crate) semaphore_acquire: Script,
     pub(crate) semaphore_available: Script,
+    pub(crate) rw_state: Script,
+    pub(crate) rw_force_unlock: Script,
 }
 
 impl Scripts {
@@ -138,6 +141,8 @@ impl Scripts {
                 "semaphore_available",
                 include_str!("../scripts/semaphore_available.lua"),
             ),
+            rw_state: Script::new("rw_state", include_str!("../scripts/rw_state.lua")),
+            rw_force_unlock: Script::new("rw_force_unlock", include_str!("../scripts/rw_force_unlock.lua")),
         }
     }
 
@@ -155,6 +160,8 @@ impl Scripts {
             &self.latch_count,
             &self.semaphore_acquire,
             &self.semaphore_available,
+            &self.rw_state,
+            &self.rw_force_unlock,
         ] {
             script.load(client, ClusterHash::Random).await?;
         }

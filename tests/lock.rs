@@ -686,3 +686,19 @@ fn client_count(server: &RedisServer) -> usize {
         .filter(|l| !l.contains("cmd=client"))
         .count()
 }
+
+/// A nested guard dropped (released in the background) right before the outer one's awaited
+/// release: the background release may carry both levels; the awaited one still reports success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_a_nested_guard_then_releasing_the_outer_one_succeeds() {
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).await.unwrap();
+    let lock = client.lock(&unique_name("nested-release"));
+    for _ in 0..30 {
+        let outer = lock.acquire().await.unwrap();
+        let inner = lock.acquire().await.unwrap();
+        drop(inner);
+        outer.release().await.expect("the outer release");
+        assert!(!lock.is_locked().await.unwrap());
+    }
+}

@@ -1,0 +1,28 @@
+-- Remove a read-write lock whoever holds it: its writer, every reader and every waiting writer's
+-- mark (the fence counter stays).
+-- KEYS[1] the write lock's hash; KEYS[2] the set of reader keys; KEYS[3] the waiting writers' hash
+-- (see rw_acquire.lua); ARGV[1] the release channel; ARGV[2] the command that announces the release
+-- (PUBLISH, or SPUBLISH on a cluster).
+-- Returns 1 when a writer or a live reader was removed, 0 when there was none. A key of another
+-- type is an error, and nothing is removed.
+if ARGV[2] ~= 'PUBLISH' and ARGV[2] ~= 'SPUBLISH' then
+  return redis.error_reply('ERR relock rw_force_unlock: unknown publish command')
+end
+local kinds = {'hash', 'set', 'hash'}
+for i = 1, 3 do
+  local kind = redis.call('TYPE', KEYS[i])['ok']
+  if kind ~= 'none' and kind ~= kinds[i] then
+    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+  end
+end
+local removed = redis.call('DEL', KEYS[1])
+for _, reader in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+  removed = removed + redis.call('DEL', reader)
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+if removed == 0 then
+  return 0
+end
+-- Every waiter: readers and writers may both go ahead now.
+redis.call(ARGV[2], ARGV[1], '*')
+return 1
