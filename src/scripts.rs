@@ -113,6 +113,7 @@ pub(crate) struct Scripts {
     pub(crate) latch_count: Script,
     pub(crate) semaphore_acquire: Script,
     pub(crate) semaphore_available: Script,
+    pub(crate) inspect_semaphore: Script,
 }
 
 impl Scripts {
@@ -138,6 +139,10 @@ impl Scripts {
                 "semaphore_available",
                 include_str!("../scripts/semaphore_available.lua"),
             ),
+            inspect_semaphore: Script::new(
+                "inspect_semaphore",
+                include_str!("../scripts/inspect_semaphore.lua"),
+            ),
         }
     }
 
@@ -155,6 +160,7 @@ impl Scripts {
             &self.latch_count,
             &self.semaphore_acquire,
             &self.semaphore_available,
+            &self.inspect_semaphore,
         ] {
             script.load(client, ClusterHash::Random).await?;
         }
