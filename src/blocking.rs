@@ -1,10 +1,12 @@
 //! A blocking API over the async one, for code that does not run in an async runtime.
 //!
-//! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`] and
-//! [`MultiLock`] here mirror the crate's async types of the same names, with every `async fn`
-//! turned into a call that blocks the calling thread until it is done, and a blocking
-//! [`CountDownLatch`]. Not mirrored: building a client from a fred client or from other clients,
-//! the inspection calls, `lock_all` and the unbounded latch wait (use the async API for those).
+//! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`],
+//! [`MultiLock`], [`Semaphore`] and its [`Permit`], [`LockSet`] (`lock_all`) and its
+//! [`LockSetGuard`], and [`CountDownLatch`] here mirror the crate's async types of the same names,
+//! with every `async fn` turned into a call that blocks the calling thread until it is done; the
+//! inspection calls ([`LockClient::inspect`], [`LockClient::held_locks`],
+//! [`LockClient::inspect_semaphore`]) too. Not mirrored: building a client from a fred client or
+//! from other clients, `until_lost` and the unbounded latch wait (use the async API for those).
 //!
 //! ```no_run
 //! use relock::blocking::LockClient;
@@ -35,9 +37,9 @@
 //! explicit [`Owner`] instead, e.g. to share one hold between threads. A guard is `Send`: it may be
 //! released or dropped on another thread than the one that acquired it.
 //!
-//! **Dropping a guard never blocks**: its release is queued to the client's background releaser,
-//! as with the async [`LockGuard`](crate::LockGuard). [`LockGuard::release`] waits for the release
-//! instead. When the last handle of a client (client, lock or guard) goes, the drop waits for the
+//! **Dropping a guard never blocks** (a [`LockGuard`], [`Permit`] or [`LockSetGuard`]): its release
+//! is queued to the client's background releaser, as with the async [`LockGuard`](crate::LockGuard).
+//! Their `release` methods wait for the release instead. When the last handle of a client (client, lock or guard) goes, the drop waits for the
 //! releases still queued (at most the node timeout: the command timeout of a `LockClient`, the
 //! `node_timeout` of a `MultiLock`), then stops the runtime; dropped inside an async runtime, it
 //! hands that to a short-lived thread instead of blocking.
@@ -48,8 +50,8 @@
 //! inside a tokio runtime (a task, `block_on`, or `spawn_blocking`; anywhere
 //! `tokio::runtime::Handle::try_current` succeeds) and then returns [`Error::InsideRuntime`]
 //! instead of blocking a runtime thread, deadlocking it or panicking: use the async API there.
-//! Calls that do not block (names, tokens, [`LockGuard::is_held`], making a [`Lock`]) and drops work
-//! anywhere.
+//! Calls that do not block (names, tokens, [`LockGuard::is_held`], making a [`Lock`], a
+//! [`Semaphore`] or a [`LockSet`]) and drops work anywhere.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -59,6 +61,7 @@ use tokio::runtime::Handle;
 
 use crate::config::{LockConfig, QuorumConfig};
 use crate::core::Core;
+use crate::inspect::{LockInfo, SemaphoreInfo};
 use crate::owner::Owner;
 use crate::Error;
 
@@ -70,6 +73,10 @@ const _: fn() = || {
     assert::<LockGuard>();
     assert::<MultiLock>();
     assert::<CountDownLatch>();
+    assert::<Semaphore>();
+    assert::<Permit>();
+    assert::<LockSet>();
+    assert::<LockSetGuard>();
 };
 
 /// What a client, its clones, locks and guards share: the runtime the async client lives on.
@@ -244,6 +251,60 @@ impl LockClient {
             inner: self.inner.latch(name),
             shared: self.shared.clone(),
         }
+    }
+
+    /// The semaphore called `name`, of `permits` permits, blocking: see
+    /// [`Semaphore`](crate::Semaphore) for its rules (every holder has a lease the watchdog renews;
+    /// callers that disagree on `permits`). No I/O; the name and numbers are checked when it is used.
+    pub fn semaphore(&self, name: &str, permits: u64) -> Semaphore {
+        Semaphore {
+            inner: self.inner.semaphore(name, permits),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// Several names locked together, all or none, blocking: see [`LockSet`](crate::LockSet)
+    /// (sorted, deduplicated, taken in that order with rollback). No I/O; the names are checked when
+    /// the set is used.
+    pub fn lock_all(&self, names: &[&str]) -> LockSet {
+        LockSet {
+            inner: self.inner.lock_all(names),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The state of the lock `name` (holders, lease left, fence), read in one script call:
+    /// `Ok(None)` if nobody holds it. Reads only. The blocking
+    /// [`LockClient::inspect`](crate::LockClient::inspect).
+    ///
+    /// # Errors
+    ///
+    /// As the async call ([`Error::InvalidName`] before any I/O, [`Error::WrongType`],
+    /// [`Error::Timeout`], [`Error::Redis`]); [`Error::InsideRuntime`] inside an async runtime.
+    pub fn inspect(&self, name: &str) -> Result<Option<LockInfo>, Error> {
+        self.shared.block_on(self.inner.inspect(name))?
+    }
+
+    /// Every lock held under the client's key prefix whose name matches `pattern` (a Redis glob;
+    /// every lock if `None`), found by `SCAN`: the blocking
+    /// [`LockClient::held_locks`](crate::LockClient::held_locks).
+    ///
+    /// # Errors
+    ///
+    /// As the async call; [`Error::InsideRuntime`] inside an async runtime.
+    pub fn held_locks(&self, pattern: Option<&str>) -> Result<Vec<LockInfo>, Error> {
+        self.shared.block_on(self.inner.held_locks(pattern))?
+    }
+
+    /// The state of the semaphore `name` (its permits, and each live holder's permits and lease
+    /// left), read in one script call: `Ok(None)` if there is none. Reads only. The blocking
+    /// [`LockClient::inspect_semaphore`](crate::LockClient::inspect_semaphore).
+    ///
+    /// # Errors
+    ///
+    /// As the async call; [`Error::InsideRuntime`] inside an async runtime.
+    pub fn inspect_semaphore(&self, name: &str) -> Result<Option<SemaphoreInfo>, Error> {
+        self.shared.block_on(self.inner.inspect_semaphore(name))?
     }
 
     /// The configuration in force.
@@ -548,6 +609,15 @@ impl MultiLock {
         }
     }
 
+    /// Several names locked together over every master, all or none, blocking: see
+    /// [`MultiLock::lock_all`](crate::MultiLock::lock_all). No I/O.
+    pub fn lock_all(&self, names: &[&str]) -> LockSet {
+        LockSet {
+            inner: self.inner.lock_all(names),
+            shared: self.shared.clone(),
+        }
+    }
+
     /// The number of masters.
     pub fn masters(&self) -> usize {
         self.inner.masters()
@@ -563,5 +633,335 @@ impl MultiLock {
 impl std::fmt::Debug for MultiLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_tuple("blocking::MultiLock").field(&self.inner).finish()
+    }
+}
+
+/// A semaphore of N permits shared through Redis, whose acquisitions block the calling thread: the
+/// blocking [`Semaphore`](crate::Semaphore), made by [`LockClient::semaphore`]. Cheap to clone, no
+/// I/O until it is used.
+///
+/// Every acquisition is a holder of its own (permits are not reentrant, and not tied to the thread:
+/// a [`Permit`] may be given back from any thread), with a lease the client's watchdog renews, so
+/// the permits of a process that dies come back within its lease.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// # fn demo(client: relock::blocking::LockClient) -> Result<(), relock::Error> {
+/// // At most 10 calls in flight to a rate-limited API, across every process.
+/// let api = client.semaphore("partner-api", 10);
+/// let permit = api.acquire(1)?;               // blocks until a permit is free
+/// // ... call the API ...
+/// drop(permit);                               // given back in the background, without blocking
+///
+/// if let Some(permits) = api.try_acquire_for(3, Duration::from_millis(500))? {
+///     assert_eq!(permits.permits(), 3);
+///     permits.release()?;                     // given back, and confirmed
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Semaphore {
+    inner: crate::Semaphore,
+    shared: Arc<Shared>,
+}
+
+impl Semaphore {
+    /// The semaphore's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The number of permits this handle gives the semaphore.
+    pub fn permits(&self) -> u64 {
+        self.inner.permits()
+    }
+
+    /// Blocks until `n` permits are free, and takes them: the blocking
+    /// [`Semaphore::acquire`](crate::Semaphore::acquire). Waiting costs no polling (a release
+    /// message, or the soonest holder's lease running out, wakes it).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for `n` of 0 or above the permits, or for permits that disagree
+    /// with those stored while some are held; [`Error::InvalidName`] for a bad name (both before
+    /// any I/O); [`Error::Timeout`] or [`Error::Redis`] when Redis fails; [`Error::Shutdown`];
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn acquire(&self, n: u64) -> Result<Permit, Error> {
+        let permit = self.shared.block_on(self.inner.acquire(n))??;
+        Ok(self.permit(permit))
+    }
+
+    /// One attempt, no waiting: `None` if fewer than `n` permits are free, as
+    /// [`Semaphore::try_acquire`](crate::Semaphore::try_acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Semaphore::acquire).
+    pub fn try_acquire(&self, n: u64) -> Result<Option<Permit>, Error> {
+        let permit = self.shared.block_on(self.inner.try_acquire(n))??;
+        Ok(permit.map(|permit| self.permit(permit)))
+    }
+
+    /// Blocks at most `wait` for `n` permits: `None` if they were not free by then, as
+    /// [`Semaphore::try_acquire_for`](crate::Semaphore::try_acquire_for). Returns within `wait`,
+    /// whatever the server does.
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](Semaphore::acquire); [`Error::InvalidDuration`] for a `wait` out of range;
+    /// [`Error::Timeout`] if no attempt was answered within `wait`.
+    pub fn try_acquire_for(&self, n: u64, wait: Duration) -> Result<Option<Permit>, Error> {
+        let permit = self.shared.block_on(self.inner.try_acquire_for(n, wait))??;
+        Ok(permit.map(|permit| self.permit(permit)))
+    }
+
+    /// The permits free now (holders whose lease ran out count as free), as
+    /// [`Semaphore::available`](crate::Semaphore::available).
+    ///
+    /// # Errors
+    ///
+    /// Bad input as [`acquire`](Semaphore::acquire); [`Error::Timeout`] or [`Error::Redis`] within
+    /// the command timeout; [`Error::InsideRuntime`] inside an async runtime.
+    pub fn available(&self) -> Result<u64, Error> {
+        self.shared.block_on(self.inner.available())?
+    }
+
+    fn permit(&self, inner: crate::Permit) -> Permit {
+        Permit {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Semaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::Semaphore").field(&self.inner).finish()
+    }
+}
+
+/// Permits of a [`Semaphore`], held until the guard goes: the blocking
+/// [`Permit`](crate::Permit). Dropping it gives the permits back in the background, without
+/// blocking, from any thread, inside an async runtime or not; [`release`](Permit::release) waits
+/// for Redis to confirm instead. The watchdog renews its lease; should it be lost (the process cut
+/// off from Redis longer than the lease), [`is_held`](Permit::is_held) turns false and
+/// [`wait_lost_for`](Permit::wait_lost_for) returns `true`.
+#[must_use = "dropping the permit gives it back at once"]
+pub struct Permit {
+    // Dropped before `shared`: its release is queued before the client may finish.
+    inner: crate::Permit,
+    shared: Arc<Shared>,
+}
+
+impl Permit {
+    /// How many permits it holds.
+    pub fn permits(&self) -> u64 {
+        self.inner.permits()
+    }
+
+    /// Whether its lease is still held: false once it is known lost or has no validity left.
+    pub fn is_held(&self) -> bool {
+        self.inner.is_held()
+    }
+
+    /// How long its lease is still known to be valid, on the monotonic clock (zero once lost).
+    pub fn validity(&self) -> Duration {
+        self.inner.validity()
+    }
+
+    /// Blocks until the lease is lost, for at most `timeout`: `true` if it was lost (at once if it
+    /// is lost already), `false` if it was still held when `timeout` ran out. The blocking
+    /// counterpart of [`Permit::lost`](crate::Permit::lost).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn wait_lost_for(&self, timeout: Duration) -> Result<bool, Error> {
+        self.shared
+            .block_on(async { tokio::time::timeout(timeout, self.inner.lost()).await.is_ok() })
+    }
+
+    /// Gives the permits back and blocks until Redis confirms, as
+    /// [`Permit::release`](crate::Permit::release).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] if the lease was lost; [`Error::Timeout`] or [`Error::Redis`] when Redis
+    /// fails. Inside an async runtime, the permit is dropped (given back in the background) and the
+    /// result is [`Error::InsideRuntime`].
+    pub fn release(self) -> Result<(), Error> {
+        let Permit { inner, shared } = self;
+        shared.block_on(inner.release())?
+    }
+}
+
+impl std::fmt::Debug for Permit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::Permit").field(&self.inner).finish()
+    }
+}
+
+/// Several named locks taken together, all or none, blocking: the blocking
+/// [`LockSet`](crate::LockSet), made by [`LockClient::lock_all`] or [`MultiLock::lock_all`]. Cheap
+/// to clone, no I/O until it is used.
+///
+/// The names are sorted and deduplicated and taken in that order, each as its own lock, and what
+/// was taken is given back if a later one cannot be: two threads (or processes) whose sets overlap
+/// cannot deadlock. Each name is reentrant per owner (by default the calling thread), as a single
+/// [`Lock`] is, and excludes `client.lock(name)` of the same name. Not atomic: between the first
+/// name and the last, another client may see some of them taken. (relock's [`MultiLock`] is
+/// Redisson's `RedLock`; this set is Redisson's `MultiLock`.)
+///
+/// ```no_run
+/// # fn demo(client: relock::blocking::LockClient) -> Result<(), relock::Error> {
+/// // Move stock between two SKUs: both locked, or neither.
+/// let both = client.lock_all(&["sku-42", "sku-7"]);
+/// let guard = both.acquire()?;
+/// let token = guard.fencing_token("sku-42");
+/// # let _ = token;
+/// drop(guard);                                // both released, without blocking
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct LockSet {
+    inner: crate::LockSet,
+    shared: Arc<Shared>,
+}
+
+impl LockSet {
+    /// The names, in the order they are taken (sorted, without duplicates).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.inner.names()
+    }
+
+    /// Every name with a fixed lease that the watchdog does not renew (see [`Lock::lease`]).
+    pub fn lease(self, lease: Duration) -> LockSet {
+        LockSet {
+            inner: self.inner.lease(lease),
+            shared: self.shared,
+        }
+    }
+
+    /// Every name on behalf of `owner` instead of the calling thread (see [`Lock::owner`]).
+    pub fn owner(self, owner: Owner) -> LockSet {
+        LockSet {
+            inner: self.inner.owner(owner),
+            shared: self.shared,
+        }
+    }
+
+    /// Blocks until every name is held, as [`LockSet::acquire`](crate::LockSet::acquire).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for an empty set or a bad name, and bad leases, before any I/O; else
+    /// the first name's error (as [`Lock::acquire`]), with the names taken so far given back;
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn acquire(&self) -> Result<LockSetGuard, Error> {
+        let guard = self.shared.block_on(self.inner.acquire())??;
+        Ok(self.guard(guard))
+    }
+
+    /// One attempt per name, no waiting: `None`, with nothing held, if another owner holds any of
+    /// them, as [`LockSet::try_acquire`](crate::LockSet::try_acquire).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](LockSet::acquire).
+    pub fn try_acquire(&self) -> Result<Option<LockSetGuard>, Error> {
+        let guard = self.shared.block_on(self.inner.try_acquire())??;
+        Ok(guard.map(|guard| self.guard(guard)))
+    }
+
+    /// Blocks at most `wait`, in all, for every name: `None`, with nothing held, if one is still
+    /// held by another owner then, as [`LockSet::try_acquire_for`](crate::LockSet::try_acquire_for).
+    ///
+    /// # Errors
+    ///
+    /// As [`acquire`](LockSet::acquire); [`Error::InvalidDuration`] for a `wait` out of range.
+    pub fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockSetGuard>, Error> {
+        let guard = self.shared.block_on(self.inner.try_acquire_for(wait))??;
+        Ok(guard.map(|guard| self.guard(guard)))
+    }
+
+    fn guard(&self, inner: crate::LockSetGuard) -> LockSetGuard {
+        LockSetGuard {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for LockSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::LockSet").field(&self.inner).finish()
+    }
+}
+
+/// The guard of a [`LockSet`]: every name held, the blocking
+/// [`LockSetGuard`](crate::LockSetGuard). Dropping it releases them all in the background, without
+/// blocking, from any thread; [`release`](LockSetGuard::release) waits for Redis to confirm instead.
+#[must_use = "dropping the guard releases the locks at once"]
+pub struct LockSetGuard {
+    // Dropped before `shared`: its releases are queued before the client may finish.
+    inner: crate::LockSetGuard,
+    shared: Arc<Shared>,
+}
+
+impl LockSetGuard {
+    /// The names held, in the set's order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.inner.guards().iter().map(crate::LockGuard::name)
+    }
+
+    /// The fencing token of `name` (each name has its own counter); `None` if it is not in the set.
+    pub fn fencing_token(&self, name: &str) -> Option<u64> {
+        self.inner.fencing_token(name)
+    }
+
+    /// Whether every name's lease is still held.
+    pub fn is_held(&self) -> bool {
+        self.inner.is_held()
+    }
+
+    /// How long every lease is still known to be valid: the shortest (zero once one is lost).
+    pub fn validity(&self) -> Duration {
+        self.inner.validity()
+    }
+
+    /// Blocks until any name's lease is lost, for at most `timeout`: `true` if one was lost (at once
+    /// if one is lost already), `false` if all were still held when `timeout` ran out. The blocking
+    /// counterpart of [`LockSetGuard::lost`](crate::LockSetGuard::lost).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InsideRuntime`] inside an async runtime.
+    pub fn wait_lost_for(&self, timeout: Duration) -> Result<bool, Error> {
+        self.shared
+            .block_on(async { tokio::time::timeout(timeout, self.inner.lost()).await.is_ok() })
+    }
+
+    /// Releases every name (one level of reentrancy each) and blocks until Redis confirms, as
+    /// [`LockSetGuard::release`](crate::LockSetGuard::release): every release is made, and the
+    /// first error is returned.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotHeld`] for a name whose lease was lost; [`Error::Timeout`] or [`Error::Redis`]
+    /// when Redis fails. Inside an async runtime, the guard is dropped (released in the background)
+    /// and the result is [`Error::InsideRuntime`].
+    pub fn release(self) -> Result<(), Error> {
+        let LockSetGuard { inner, shared } = self;
+        shared.block_on(inner.release())?
+    }
+}
+
+impl std::fmt::Debug for LockSetGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("blocking::LockSetGuard")
+            .field(&self.inner)
+            .finish()
     }
 }

@@ -1,20 +1,27 @@
 //! What is held, read from Redis, for operators: one lock's holders, lease and fence
-//! ([`LockClient::inspect`]), and every held lock of the client's prefix
-//! ([`LockClient::held_locks`]). Reads only: nothing here changes a key.
+//! ([`LockClient::inspect`]), every held lock of the client's prefix
+//! ([`LockClient::held_locks`]), and a semaphore's permits and holders
+//! ([`LockClient::inspect_semaphore`], [`LockClient::held_semaphores`]). Reads only: nothing here
+//! changes a key.
 //!
 //! A lock is the hash `{prefix}:{name}` (see `keys.rs`) whose fields are holds, `client:owner:generation`
 //! (see `Owner::id_for` and `hold.rs`), each with its hold count; its fence counter is
-//! `{prefix}:{name}:fence`.
+//! `{prefix}:{name}:fence`. A semaphore is the index hash `{prefix}:{name}:sem` (field `permits`,
+//! and one field per holder key with its permits) and one holder key per holder,
+//! `{prefix}:{name}:sem:h:client:owner`, a hash whose one field `client:owner:generation` holds its
+//! permits, with the holder's lease as its TTL (see `scripts/semaphore_acquire.lua`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
-use fred::types::Value;
+use fred::types::{Key, Value};
 
 use crate::config::check_name;
-use crate::keys::LockKeys;
+use crate::keys::{LockKeys, SemaphoreKeys};
+use crate::link::RetryPause;
 use crate::node::Node;
+use crate::scripts::{not_run, scripts};
 use crate::{Error, LockClient};
 
 /// One lock as read from Redis at one moment.
@@ -83,6 +90,55 @@ impl Holder {
     }
 }
 
+/// One semaphore as read from Redis at one moment: its permits and its live holders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreInfo {
+    /// The semaphore's name, as given to [`LockClient::semaphore`].
+    pub name: String,
+    /// The Redis key of its index hash (`{prefix}:{name}:sem`, braces included).
+    pub key: String,
+    /// The number of permits stored with it: the `permits` of the acquisition that set it (see
+    /// [`Semaphore`](crate::Semaphore) on callers that disagree).
+    pub permits: u64,
+    /// Its live holders (their key still there), sorted by key. A holder whose lease ran out (or
+    /// whose release is on its way) is left out: its permits count as free, as acquisitions count
+    /// them.
+    pub holders: Vec<PermitHolder>,
+}
+
+impl SemaphoreInfo {
+    /// The permits the live holders hold.
+    pub fn held(&self) -> u64 {
+        self.holders.iter().map(|h| h.permits).sum()
+    }
+
+    /// The permits free now: [`permits`](SemaphoreInfo::permits) less [`held`](SemaphoreInfo::held).
+    pub fn available(&self) -> u64 {
+        self.permits.saturating_sub(self.held())
+    }
+}
+
+/// One holder of a semaphore's permits: one acquisition, with a lease of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PermitHolder {
+    /// The Redis key of the holder (`{prefix}:{name}:sem:h:client:owner`), whose TTL is its lease.
+    pub key: String,
+    /// The id of the [`LockClient`] that holds the permits (32 hex digits, random per client).
+    pub client_id: String,
+    /// The holder within that client: `o<uuid>`, one per acquisition (permits are not reentrant).
+    pub owner: String,
+    /// The generation of the hold, unique in the holder's process; `None` if its key has no field
+    /// relock writes.
+    pub generation: Option<u64>,
+    /// How many permits it holds.
+    pub permits: u64,
+    /// The time left on its lease (`PTTL`); `None` if its key has no expiry, which relock never
+    /// leaves behind.
+    pub ttl: Option<Duration>,
+}
+
 /// The most lock reads in flight at once while listing.
 const READS_IN_FLIGHT: usize = 64;
 
@@ -98,6 +154,13 @@ enum Read {
     Free,
     Foreign,
     Held(LockInfo),
+}
+
+/// A semaphore read: not there, there but not a relock semaphore, or a semaphore.
+enum SemRead {
+    Absent,
+    Foreign,
+    Found(SemaphoreInfo),
 }
 
 impl LockClient {
@@ -143,33 +206,9 @@ impl LockClient {
     /// Fails with [`Error::InvalidName`] for a pattern with braces or control characters (no lock
     /// name has them), before any I/O.
     pub async fn held_locks(&self, pattern: Option<&str>) -> Result<Vec<LockInfo>, Error> {
-        let pattern = pattern.unwrap_or("*");
-        if pattern.contains(['{', '}']) || pattern.chars().any(char::is_control) {
-            return Err(Error::InvalidName(format!(
-                "the pattern must not contain braces or control characters: {pattern:?}"
-            )));
-        }
         let prefix = self.config().get_key_prefix();
         let node = self.node();
-        let link = &node.link;
-        let matching = format!("{}:{{{pattern}}}", escape_glob(prefix));
-        let mut names = BTreeSet::new();
-        let primaries = link.topology.primaries(&link.client, &link.options);
-        if primaries.is_empty() {
-            // A cluster whose slot map is not known: an empty list would be a lie.
-            return Err(Error::Redis(fred::error::Error::new(
-                fred::error::ErrorKind::Cluster,
-                "the cluster's primaries are not known yet",
-            )));
-        }
-        for primary in primaries {
-            for key in scan(node, &primary, &matching).await? {
-                if let Some(name) = name_of(&key, prefix) {
-                    names.insert(name.to_string());
-                }
-            }
-        }
-        let names: Vec<String> = names.into_iter().collect();
+        let names = scan_names(node, prefix, pattern, "").await?;
         let mut out = Vec::new();
         for chunk in names.chunks(READS_IN_FLIGHT) {
             let reads = chunk.iter().map(|name| async move {
@@ -185,9 +224,108 @@ impl LockClient {
         Ok(out)
     }
 
+    /// The state of the semaphore `name` on this client's Redis: the permits stored with it, and
+    /// each live holder's permits and lease left, read in one script call (consistent).
+    /// `Ok(None)` if there is no semaphore of that name. A semaphore that was used keeps its index
+    /// (with its permits) when nobody holds any: it is then `Some`, with no holders. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a name no semaphore can have (before any I/O),
+    /// [`Error::WrongType`] if its index key holds something that is not a relock semaphore, and
+    /// within the command timeout [`Error::Timeout`] or [`Error::Redis`].
+    ///
+    /// ```no_run
+    /// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+    /// if let Some(info) = client.inspect_semaphore("partner-api").await? {
+    ///     println!("{} of {} permits free", info.available(), info.permits);
+    ///     for holder in &info.holders {
+    ///         println!("{}:{} holds {} for {:?} more", holder.client_id, holder.owner,
+    ///                  holder.permits, holder.ttl);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect_semaphore(&self, name: &str) -> Result<Option<SemaphoreInfo>, Error> {
+        check_name(name)?;
+        let keys = SemaphoreKeys::new(self.config().get_key_prefix(), name);
+        match read_semaphore(self.node(), &keys).await? {
+            SemRead::Absent => Ok(None),
+            SemRead::Foreign => Err(Error::WrongType(keys.index.to_string())),
+            SemRead::Found(info) => Ok(Some(info)),
+        }
+    }
+
+    /// Every semaphore with at least one live holder under this client's key prefix, sorted by
+    /// name; with a `pattern`, only those whose name matches it (a Redis glob, as
+    /// [`held_locks`](LockClient::held_locks)). On a cluster, every primary is scanned. Uses `SCAN`,
+    /// never `KEYS`; each semaphore listed is read consistently. Keys that are not relock semaphores
+    /// are left out. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidName`] for a pattern with braces or control characters (before any I/O);
+    /// [`Error::Timeout`] or [`Error::Redis`] when a request fails.
+    pub async fn held_semaphores(&self, pattern: Option<&str>) -> Result<Vec<SemaphoreInfo>, Error> {
+        let prefix = self.config().get_key_prefix();
+        let names = scan_names(self.node(), prefix, pattern, ":sem").await?;
+        let node = self.node();
+        let mut out = Vec::new();
+        for chunk in names.chunks(READS_IN_FLIGHT) {
+            let reads = chunk.iter().map(|name| async move {
+                let keys = SemaphoreKeys::new(prefix, name);
+                read_semaphore(node, &keys).await
+            });
+            for outcome in futures::future::join_all(reads).await {
+                if let SemRead::Found(info) = outcome? {
+                    if !info.holders.is_empty() {
+                        out.push(info);
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
     fn node(&self) -> &Node {
         &self.core.masters.nodes[0]
     }
+}
+
+/// The names of the keys `{prefix}:{name}{suffix}` on every primary whose name matches `pattern`
+/// (every name if `None`), sorted and deduplicated, found by `SCAN`.
+async fn scan_names(
+    node: &Node,
+    prefix: &str,
+    pattern: Option<&str>,
+    suffix: &str,
+) -> Result<Vec<String>, Error> {
+    let pattern = pattern.unwrap_or("*");
+    if pattern.contains(['{', '}']) || pattern.chars().any(char::is_control) {
+        return Err(Error::InvalidName(format!(
+            "the pattern must not contain braces or control characters: {pattern:?}"
+        )));
+    }
+    let link = &node.link;
+    let matching = format!("{}:{{{pattern}}}{}", escape_glob(prefix), escape_glob(suffix));
+    let mut names = BTreeSet::new();
+    let primaries = link.topology.primaries(&link.client, &link.options);
+    if primaries.is_empty() {
+        // A cluster whose slot map is not known: an empty list would be a lie.
+        return Err(Error::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Cluster,
+            "the cluster's primaries are not known yet",
+        )));
+    }
+    for primary in primaries {
+        for key in scan(node, &primary, &matching).await? {
+            if let Some(name) = key.strip_suffix(suffix).and_then(|key| name_of(key, prefix)) {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    Ok(names.into_iter().collect())
 }
 
 /// `pattern` with the characters special to Redis globs escaped, to match itself only.
@@ -299,6 +437,123 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         holders,
         ttl,
         fence,
+    }))
+}
+
+/// How much later than fred's own timeout a semaphore read is abandoned (as `Node`'s backstop).
+const BACKSTOP: Duration = Duration::from_millis(20);
+
+/// Reads one semaphore in one script call (`scripts/inspect_semaphore.lua`; made again while it did
+/// not run, within the node's bound).
+async fn read_semaphore(node: &Node, keys: &SemaphoreKeys) -> Result<SemRead, Error> {
+    let link = &node.link;
+    let call = async {
+        let mut pause = RetryPause::new();
+        loop {
+            let keys = vec![Key::from(&*keys.index)];
+            match scripts()
+                .inspect_semaphore
+                .run::<Value, _>(&link.cmd, keys, Vec::new())
+                .await
+            {
+                Err(err) if not_run(&err) => pause.wait().await,
+                other => return other,
+            }
+        }
+    };
+    let reply = match tokio::time::timeout(link.bound() + BACKSTOP, call).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(err)) => {
+            return Err(match link.redis_error(err) {
+                Error::Redis(err) => Error::from_redis(err, &keys.index),
+                other => other,
+            })
+        }
+        Err(_) => return Err(Error::Timeout(link.bound())),
+    };
+    parse_semaphore(&keys.name, &keys.index, reply)
+}
+
+/// The reply of `scripts/inspect_semaphore.lua` as a [`SemRead`].
+fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<SemRead, Error> {
+    let Value::Array(parts) = reply else {
+        return Err(malformed("semaphore read", &reply));
+    };
+    match parts.first().and_then(Value::as_string).as_deref() {
+        Some("none") => return Ok(SemRead::Absent),
+        Some("hash") => {}
+        Some(_) => return Ok(SemRead::Foreign),
+        None => return Err(malformed("semaphore read", &Value::Array(parts))),
+    }
+    // Every acquisition stores the permits before it adds a holder: an index without them is not
+    // relock's.
+    let Some(permits) = parts
+        .get(1)
+        .and_then(Value::as_string)
+        .and_then(|p| p.parse::<u64>().ok())
+    else {
+        return Ok(SemRead::Foreign);
+    };
+    let Some(Value::Array(entries)) = parts.get(2) else {
+        return Err(malformed("semaphore read", &Value::Array(parts)));
+    };
+    let holder_prefix = format!("{index}:h:");
+    let mut holders = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let Value::Array(entry) = entry else {
+            return Err(malformed("semaphore read", entry));
+        };
+        let (Some(key), Some(held), Some(ttl)) = (
+            entry.first().and_then(Value::as_string),
+            entry.get(1).and_then(Value::as_string),
+            entry.get(2).and_then(Value::as_i64),
+        ) else {
+            return Err(malformed("semaphore read", &Value::Array(entry.clone())));
+        };
+        // The holder part of the key: `client:owner`.
+        let Some((client_id, owner)) = key
+            .strip_prefix(&holder_prefix)
+            .and_then(|holder| holder.split_once(':'))
+        else {
+            return Ok(SemRead::Foreign);
+        };
+        let Ok(permits) = held.parse::<u64>() else {
+            return Ok(SemRead::Foreign);
+        };
+        let ttl = match ttl {
+            // Released, or its lease ran out: free.
+            -2 => continue,
+            ms if ms >= 0 => Some(Duration::from_millis(ms as u64)),
+            _ => None,
+        };
+        // Its one field `client:owner:generation` (a key of another type reads as false).
+        let generation = match entry.get(3) {
+            Some(Value::Array(fields)) => fields
+                .chunks(2)
+                .filter_map(|pair| {
+                    let field = pair.first().and_then(Value::as_string)?;
+                    let count = pair.get(1).and_then(Value::as_string)?;
+                    Holder::parse(&field, &count)
+                })
+                .find(|h| h.client_id == client_id && h.owner == owner)
+                .map(|h| h.generation),
+            _ => None,
+        };
+        holders.push(PermitHolder {
+            key: key.to_string(),
+            client_id: client_id.to_string(),
+            owner: owner.to_string(),
+            generation,
+            permits,
+            ttl,
+        });
+    }
+    holders.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(SemRead::Found(SemaphoreInfo {
+        name: name.to_string(),
+        key: index.to_string(),
+        permits,
+        holders,
     }))
 }
 

@@ -108,7 +108,7 @@ pub use config::{
 };
 pub use error::Error;
 pub use guard::LockGuard;
-pub use inspect::{Holder, LockInfo};
+pub use inspect::{Holder, LockInfo, PermitHolder, SemaphoreInfo};
 pub use latch::CountDownLatch;
 pub use lock::Lock;
 pub use lock_set::{LockSet, LockSetGuard};

@@ -116,6 +116,7 @@ pub(crate) struct Scripts {
     pub(crate) semaphore_available: Script,
     pub(crate) rw_state: Script,
     pub(crate) rw_force_unlock: Script,
+    pub(crate) inspect_semaphore: Script,
 }
 
 impl Scripts {
@@ -143,6 +144,10 @@ impl Scripts {
             ),
             rw_state: Script::new("rw_state", include_str!("../scripts/rw_state.lua")),
             rw_force_unlock: Script::new("rw_force_unlock", include_str!("../scripts/rw_force_unlock.lua")),
+            inspect_semaphore: Script::new(
+                "inspect_semaphore",
+                include_str!("../scripts/inspect_semaphore.lua"),
+            ),
         }
     }
 
@@ -162,6 +167,7 @@ impl Scripts {
             &self.semaphore_available,
             &self.rw_state,
             &self.rw_force_unlock,
+            &self.inspect_semaphore,
         ] {
             script.load(client, ClusterHash::Random).await?;
         }

@@ -1,6 +1,6 @@
 //! The blocking API against a real redis-server, from plain threads: exclusion between threads,
-//! reentrancy of one thread, releases on drop, the watchdog, a MultiLock, and the refusal to block
-//! inside an async runtime.
+//! reentrancy of one thread, releases on drop, the watchdog, a MultiLock, the semaphore and lock_all
+//! (all or none), inspection, and the refusal to block inside an async runtime.
 
 mod support;
 
@@ -277,6 +277,20 @@ fn a_multilock_over_three_servers() {
         .join()
         .unwrap());
     drop(guard);
+    // lock_all over the masters: every name on every master, all given back by one release.
+    let second = format!("{name}:2");
+    let set = multi.lock_all(&[second.as_str(), name.as_str()]);
+    let both = set
+        .try_acquire_for(Duration::from_secs(5))
+        .unwrap()
+        .expect("the set");
+    for server in &servers {
+        assert!(server.exists(&lock_key(&name)) && server.exists(&lock_key(&second)));
+    }
+    both.release().unwrap();
+    for server in &servers {
+        assert!(!server.exists(&lock_key(&name)) && !server.exists(&lock_key(&second)));
+    }
     let (overlaps, done) = contend(|| multi.lock(&name), 3, 10);
     assert_eq!((overlaps, done), (0, 30));
     multi.shutdown().unwrap();
@@ -432,4 +446,285 @@ fn a_latch_wakes_a_blocked_thread_when_workers_count_down() {
         !closed.wait_for(Duration::from_millis(200)).unwrap(),
         "nobody counts it down"
     );
+}
+
+/// The Redis key of the semaphore `name`'s index under the default prefix.
+fn semaphore_key(name: &str) -> String {
+    format!("relock:{{{name}}}:sem")
+}
+
+#[test]
+fn a_blocking_semaphore_never_grants_more_than_its_permits_across_threads() {
+    let server = RedisServer::start();
+    let clients = [client(&server), client(&server)];
+    let name = unique_name("sem-threads");
+    const PERMITS: usize = 2;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let start = Arc::new(Barrier::new(6));
+    let workers: Vec<_> = (0..6)
+        .map(|i| {
+            let semaphore = clients[i % 2].semaphore(&name, PERMITS as u64);
+            let (inside, most, start) = (inside.clone(), most.clone(), start.clone());
+            thread::spawn(move || {
+                start.wait();
+                for _ in 0..10 {
+                    let permit = semaphore.acquire(1).expect("acquire");
+                    assert_eq!(permit.permits(), 1);
+                    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    thread::sleep(Duration::from_millis(5));
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    drop(permit);
+                }
+            })
+        })
+        .collect();
+    for worker in workers {
+        worker.join().expect("worker");
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= PERMITS, "{most} permits held at once of {PERMITS}");
+    assert!(most >= 1);
+    // Several permits at once, and the count of the free ones.
+    let semaphore = clients[0].semaphore(&name, PERMITS as u64);
+    assert_eq!(semaphore.name(), name);
+    assert_eq!(semaphore.permits(), PERMITS as u64);
+    let free_by = Instant::now() + Duration::from_secs(5);
+    while semaphore.available().unwrap() != 2 {
+        assert!(Instant::now() < free_by, "the permits did not come back");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let both = semaphore.acquire(2).unwrap();
+    assert_eq!(semaphore.available().unwrap(), 0);
+    let other = clients[1].semaphore(&name, PERMITS as u64);
+    let refused = thread::spawn(move || {
+        let now = other.try_acquire(1).unwrap().is_none();
+        let started = Instant::now();
+        let waited = other
+            .try_acquire_for(1, Duration::from_millis(300))
+            .unwrap()
+            .is_none();
+        assert!(started.elapsed() >= Duration::from_millis(250));
+        now && waited
+    })
+    .join()
+    .unwrap();
+    assert!(refused, "a third permit was granted");
+    // Bad input is refused before any I/O.
+    assert!(matches!(semaphore.acquire(3), Err(Error::InvalidConfig(_))));
+    assert!(matches!(semaphore.try_acquire(0), Err(Error::InvalidConfig(_))));
+    // Callers that disagree on the permits while some are held.
+    assert!(matches!(
+        clients[1].semaphore(&name, 5).try_acquire(1),
+        Err(Error::InvalidConfig(_))
+    ));
+    both.release().unwrap();
+    assert_eq!(semaphore.available().unwrap(), 2);
+}
+
+#[test]
+fn a_dropped_permit_is_given_back_promptly_and_the_holders_can_be_read() {
+    // The lease is 30 s: only the release on drop lets the waiter in within its 10 s.
+    let server = RedisServer::start();
+    let client = LockClient::connect(&server.url()).unwrap();
+    let name = unique_name("sem-drop");
+    let semaphore = client.semaphore(&name, 1);
+    let permit = semaphore.acquire(1).unwrap();
+    assert!(permit.is_held());
+    assert!(permit.validity() > Duration::from_secs(20));
+    assert!(!permit.wait_lost_for(Duration::from_millis(100)).unwrap());
+    // The holder as an operator sees it: one holder of 1 of 1 permit, with its lease.
+    let info = client
+        .inspect_semaphore(&name)
+        .unwrap()
+        .expect("a semaphore with a holder");
+    assert_eq!((info.permits, info.held(), info.available()), (1, 1, 0));
+    assert_eq!(info.key, semaphore_key(&name));
+    assert_eq!(info.holders.len(), 1);
+    assert!(info.holders[0].owner.starts_with('o'), "{info:?}");
+    assert!(info.holders[0]
+        .ttl
+        .is_some_and(|ttl| ttl > Duration::from_secs(20)));
+    let holder_key = info.holders[0].key.clone();
+    assert!(server.exists(&holder_key));
+    let waiter = {
+        let semaphore = semaphore.clone();
+        thread::spawn(move || {
+            let started = Instant::now();
+            let got = semaphore.try_acquire_for(1, Duration::from_secs(10)).unwrap();
+            (got.is_some(), started.elapsed())
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    drop(permit);
+    let (got, waited) = waiter.join().unwrap();
+    assert!(got, "the waiter did not get the permit after the drop");
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    // The waiter's permit was dropped in its thread: free again soon, and its holder key gone.
+    let free_by = Instant::now() + Duration::from_secs(5);
+    while semaphore.available().unwrap() != 1 {
+        assert!(Instant::now() < free_by, "the waiter's permit did not come back");
+        thread::sleep(Duration::from_millis(20));
+    }
+    let info = client.inspect_semaphore(&name).unwrap().expect("its index stays");
+    assert!(info.holders.is_empty(), "{info:?}");
+    assert!(
+        !server.exists(&holder_key),
+        "the dropped permit's holder key stayed"
+    );
+    assert_eq!(client.inspect_semaphore(&unique_name("none")).unwrap(), None);
+    // A lock can be read from a plain thread too.
+    let lock = client.lock(&name);
+    let guard = lock.acquire().unwrap();
+    let held = client.inspect(&name).unwrap().expect("held");
+    assert!(held.holders[0].owner.starts_with("th"), "{held:?}");
+    assert_eq!(held.fence, Some(guard.fencing_token()));
+    let listed = client.held_locks(Some(&name)).unwrap();
+    assert_eq!(listed.len(), 1);
+    guard.release().unwrap();
+    assert_eq!(client.inspect(&name).unwrap(), None);
+}
+
+#[test]
+fn a_lock_set_holds_all_or_none() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let base = unique_name("set");
+    let names = [format!("{base}:c"), format!("{base}:a"), format!("{base}:b")];
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let set = a.lock_all(&refs);
+    let sorted: Vec<&str> = set.names().collect();
+    assert_eq!(
+        sorted,
+        [format!("{base}:a"), format!("{base}:b"), format!("{base}:c")]
+    );
+    // Another client's thread holds the middle name: the set gets none of them.
+    let middle = format!("{base}:b");
+    let blocker = {
+        let (b, middle) = (b.clone(), middle.clone());
+        thread::spawn(move || b.lock(&middle).acquire().unwrap())
+            .join()
+            .unwrap()
+    };
+    assert!(set.try_acquire().unwrap().is_none(), "a name held elsewhere");
+    let started = Instant::now();
+    assert!(set.try_acquire_for(Duration::from_millis(300)).unwrap().is_none());
+    assert!(started.elapsed() >= Duration::from_millis(250));
+    // Nothing of the set is kept: the first and last names are free for another client (their
+    // release runs in the background, so within a short wait, well under their 1.5 s lease that
+    // the watchdog would keep renewing).
+    for name in [format!("{base}:a"), format!("{base}:c")] {
+        let lock = b.lock(&name);
+        let got = thread::spawn(move || {
+            lock.try_acquire_for(Duration::from_millis(1000))
+                .unwrap()
+                .map(|guard| guard.release())
+        })
+        .join()
+        .unwrap();
+        assert!(matches!(got, Some(Ok(()))), "{name} kept by a refused set");
+    }
+    assert!(!server.exists(&lock_key(&format!("{base}:a"))));
+    // Once the middle name is free, the set gets every name.
+    let waiting = {
+        let set = set.clone();
+        thread::spawn(move || {
+            let guard = set.try_acquire_for(Duration::from_secs(10)).unwrap();
+            guard.map(|guard| {
+                let tokens: Vec<Option<u64>> = guard.names().map(|name| guard.fencing_token(name)).collect();
+                (tokens, guard.is_held(), guard.release())
+            })
+        })
+    };
+    thread::sleep(Duration::from_millis(200));
+    drop(blocker);
+    let (tokens, held, released) = waiting.join().unwrap().expect("the set after the drop");
+    assert_eq!(tokens.len(), 3);
+    assert!(tokens.iter().all(Option::is_some), "{tokens:?}");
+    assert!(held);
+    released.unwrap();
+    for name in &names {
+        assert!(!server.exists(&lock_key(name)), "{name} left behind");
+    }
+    // Held by this thread: re-entered by a lock of one of its names, excluded for other threads.
+    let guard = set.acquire().unwrap();
+    assert!(guard.validity() > Duration::ZERO);
+    assert!(!guard.wait_lost_for(Duration::from_millis(50)).unwrap());
+    assert_eq!(a.lock(&middle).acquire().unwrap().hold_count(), 2);
+    let other = set.clone();
+    assert!(thread::spawn(move || other.try_acquire().unwrap().is_none())
+        .join()
+        .unwrap());
+    assert_eq!(guard.fencing_token("not in the set"), None);
+    drop(guard);
+    assert!(matches!(
+        a.lock_all(&[]).try_acquire(),
+        Err(Error::InvalidName(_))
+    ));
+    assert!(matches!(
+        a.lock_all(&["ok", "bad{"]).acquire(),
+        Err(Error::InvalidName(_))
+    ));
+    assert!(!server.exists(&lock_key("ok")), "bad input changed something");
+}
+
+#[tokio::test]
+async fn the_family_is_refused_inside_an_async_runtime() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let name = unique_name("family-inside");
+    // Made on a plain thread, then used here.
+    let (client, permit, set_guard) = {
+        let (url, name) = (url.clone(), name.clone());
+        thread::spawn(move || {
+            let client = LockClient::connect(&url).unwrap();
+            let permit = client.semaphore(&name, 2).acquire(1).unwrap();
+            let set_guard = client.lock_all(&[name.as_str(), "x"]).acquire().unwrap();
+            (client, permit, set_guard)
+        })
+        .join()
+        .unwrap()
+    };
+    let semaphore = client.semaphore(&name, 2);
+    assert!(matches!(semaphore.acquire(1), Err(Error::InsideRuntime)));
+    assert!(matches!(semaphore.try_acquire(1), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        semaphore.try_acquire_for(1, Duration::from_millis(1)),
+        Err(Error::InsideRuntime)
+    ));
+    assert!(matches!(semaphore.available(), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        permit.wait_lost_for(Duration::ZERO),
+        Err(Error::InsideRuntime)
+    ));
+    let set = client.lock_all(&[name.as_str(), "y"]);
+    assert!(matches!(set.acquire(), Err(Error::InsideRuntime)));
+    assert!(matches!(set.try_acquire(), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        set.try_acquire_for(Duration::from_millis(1)),
+        Err(Error::InsideRuntime)
+    ));
+    assert!(matches!(
+        set_guard.wait_lost_for(Duration::ZERO),
+        Err(Error::InsideRuntime)
+    ));
+    assert!(matches!(client.inspect(&name), Err(Error::InsideRuntime)));
+    assert!(matches!(client.held_locks(None), Err(Error::InsideRuntime)));
+    assert!(matches!(
+        client.inspect_semaphore(&name),
+        Err(Error::InsideRuntime)
+    ));
+    // The guards still hold, and are given back in the background when released here.
+    assert!(permit.is_held() && set_guard.is_held());
+    assert!(matches!(permit.release(), Err(Error::InsideRuntime)));
+    assert!(matches!(set_guard.release(), Err(Error::InsideRuntime)));
+    drop((semaphore, set, client));
+    let gone = support::eventually(Duration::from_secs(5), || {
+        !server.exists(&lock_key(&name))
+            && !server.exists(&lock_key("x"))
+            && server.keys(&format!("{}:h:*", semaphore_key(&name))).is_empty()
+    })
+    .await;
+    assert!(gone, "a release from inside the runtime was lost");
 }

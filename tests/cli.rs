@@ -575,3 +575,162 @@ async fn watch_on_a_cluster_enables_notifications_on_the_lock_primary() {
     );
     watch_events(&url, &name, &mut watch).await;
 }
+
+/// `show` of a semaphore prints its permits and each holder's permits and lease (also with
+/// `--json`, and next to a lock of the same name); a holder whose key is gone counts as free;
+/// `list --semaphores` lists it; its index of another type exits 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_describes_a_semaphore_and_its_holders() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (one, two) = (client(&url).await, client(&url).await);
+    let name = unique_name("api");
+    let two_permits = one.semaphore(&name, 4).acquire(2).await.expect("acquire 2");
+    let one_permit = two.semaphore(&name, 4).acquire(1).await.expect("acquire 1");
+
+    let info = one
+        .inspect_semaphore(&name)
+        .await
+        .expect("inspect")
+        .expect("a semaphore");
+    assert_eq!((info.permits, info.held(), info.available()), (4, 3, 1));
+    assert_eq!(info.key, format!("relock:{{{name}}}:sem"));
+    assert_eq!(info.holders.len(), 2, "{info:?}");
+    let by_permits = |n: u64| {
+        info.holders
+            .iter()
+            .find(|h| h.permits == n)
+            .unwrap_or_else(|| panic!("no holder of {n}: {info:?}"))
+            .clone()
+    };
+    let (first, second) = (by_permits(2), by_permits(1));
+    assert_ne!(first.client_id, second.client_id);
+    assert!(first.generation.is_some() && first.owner.starts_with('o'));
+    for holder in &info.holders {
+        assert!(
+            holder
+                .ttl
+                .is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(3)),
+            "{holder:?}"
+        );
+    }
+
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(0), "{shown:?}");
+    let text = stdout(&shown);
+    println!("{text}");
+    assert!(text.starts_with(&format!("semaphore {name}\n")), "{text}");
+    assert!(
+        text.contains(&format!("key       relock:{{{name}}}:sem")),
+        "{text}"
+    );
+    assert!(text.contains("permits   4"), "{text}");
+    assert!(text.contains("held      3"), "{text}");
+    assert!(text.contains("free      1"), "{text}");
+    for holder in [&first, &second] {
+        let line = text
+            .lines()
+            .find(|line| line.contains(&holder.client_id))
+            .unwrap_or_else(|| panic!("{} missing: {text}", holder.client_id));
+        assert!(
+            line.contains(&format!("owner {} ", holder.owner))
+                && line.contains(&format!("permits {} ", holder.permits)),
+            "{line}"
+        );
+        let ttl: f64 = line
+            .rsplit("ttl ")
+            .next()
+            .and_then(|t| t.trim_end_matches('s').parse().ok())
+            .unwrap_or_else(|| panic!("no ttl: {line}"));
+        assert!(ttl > 0.0 && ttl <= 3.0, "{line}");
+    }
+
+    let json = relock(&["--url", &url, "--json", "show", &name], "").await;
+    assert_eq!(code(&json), Some(0), "{json:?}");
+    let json = stdout(&json);
+    let json = json.trim();
+    println!("{json}");
+    assert!(
+        json.starts_with(&format!(
+            "{{\"name\":\"{name}\",\"semaphore\":{{\"key\":\"relock:{{{name}}}:sem\",\"permits\":4,\"held\":3,\"available\":1,\"holders\":["
+        )),
+        "{json}"
+    );
+    for holder in [&first, &second] {
+        assert!(
+            json.contains(&format!(
+                "\"key\":\"{}\",\"client_id\":\"{}\",\"owner\":\"{}\",\"generation\":{},\"permits\":{},\"ttl_ms\":",
+                holder.key,
+                holder.client_id,
+                holder.owner,
+                holder.generation.expect("generation"),
+                holder.permits
+            )),
+            "{json}"
+        );
+    }
+    assert!(json.ends_with("]}}"), "{json}");
+
+    let listed = relock(&["--url", &url, "list", "--semaphores", &name], "").await;
+    assert_eq!(code(&listed), Some(0), "{listed:?}");
+    let table = stdout(&listed);
+    assert_eq!(
+        row(&table, &name).map(|cells| cells[..4].to_vec()),
+        Some(vec![name.as_str(), "4", "3", "1"]),
+        "{table}"
+    );
+
+    // A holder whose key is gone (a crashed holder whose lease ran out) counts as free.
+    server.cmd(&["DEL", &second.key]);
+    let info = one
+        .inspect_semaphore(&name)
+        .await
+        .expect("inspect")
+        .expect("a semaphore");
+    assert_eq!(info.held(), 2, "{info:?}");
+    let keys: Vec<&str> = info.holders.iter().map(|h| h.key.as_str()).collect();
+    assert_eq!(keys, vec![first.key.as_str()]);
+
+    // A lock of the same name is shown first, the semaphore after it, in one JSON object too.
+    let guard = one.lock(&name).acquire().await.expect("lock");
+    let both = relock(&["--url", &url, "show", &name], "").await;
+    let text = stdout(&both);
+    assert!(
+        text.starts_with(&format!("lock   {name}\n"))
+            && text.contains(&format!("\n\nsemaphore {name}\n"))
+            && text.contains("held      2"),
+        "{text}"
+    );
+    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
+    assert!(
+        json.starts_with(&format!("{{\"name\":\"{name}\",\"key\":\"relock:{{{name}}}\""))
+            && json.contains(",\"semaphore\":{\"key\":")
+            && json.contains("\"held\":2,"),
+        "{json}"
+    );
+    drop(guard);
+
+    // Given back: the semaphore stays, with its permits and no holder; not listed as held.
+    two_permits.release().await.expect("release");
+    drop(one_permit);
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(0), "{shown:?}");
+    assert!(stdout(&shown).contains("free      4"), "{shown:?}");
+    let listed = relock(&["--url", &url, "list", "--semaphores", &name], "").await;
+    assert_eq!(code(&listed), Some(0), "{listed:?}");
+    assert!(stdout(&listed).is_empty(), "{listed:?}");
+
+    server.cmd(&["SET", "relock:{not-a-sem}:sem", "x"]);
+    let foreign = relock(&["--url", &url, "show", "not-a-sem"], "").await;
+    assert_eq!(code(&foreign), Some(3), "{foreign:?}");
+    assert!(matches!(
+        one.inspect_semaphore("not-a-sem").await,
+        Err(Error::WrongType(_))
+    ));
+    assert!(matches!(
+        one.inspect_semaphore("a{b").await,
+        Err(Error::InvalidName(_))
+    ));
+    one.shutdown().await;
+    two.shutdown().await;
+}

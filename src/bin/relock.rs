@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! relock list [PATTERN]      held locks (name, holder, hold count, lease left, fence), by SCAN
-//! relock show NAME           one lock in detail (and a latch of that name that is counting)
+//!   --semaphores             held semaphores instead (name, permits, held, free, holders)
+//! relock show NAME           one lock in detail, and a latch of that name that is counting and a
+//!                            semaphore of that name (its permits, each holder's permits and lease)
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
 //! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
 //! ```
@@ -20,10 +22,16 @@
 //! 200 ms instead; `--enable-notifications` turns them on (`CONFIG SET`, on the server that holds the
 //! key). A hold shorter than one read may go unseen.
 //!
-//! Exit codes: 0 done; 1 not found or nothing to do (`show`/`unlock` of a lock nobody holds);
+//! Exit codes: 0 done; 1 not found or nothing to do (`show` of a name with no held lock, counting
+//! latch or semaphore; `unlock` of a lock nobody holds);
 //! 2 usage error (bad arguments, lock name or prefix); 3 connection or Redis error (also a bad URL,
 //! or a key at the lock's name that is not a relock lock); 4 confirmation refused (`unlock`
 //! answered anything but `y`/`yes`, or stdin closed).
+//!
+//! `show --json` prints one object: the lock's (as `list --json`) if it is held, else `{"name":...}`;
+//! with `"latch_count"` when a latch of the name is counting, and `"semaphore"` (key, permits, held,
+//! available, holders with their permits and `ttl_ms`) when a semaphore of the name exists; `null`
+//! when there is none of them.
 //!
 //! `unlock` prints the lock as read just before it removed it: a holder that changed in between
 //! (a release and a new acquisition) is removed all the same.
@@ -38,7 +46,7 @@ use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInter
 use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::{Options, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
-use relock::{Error, Holder, LockClient, LockConfig, LockInfo};
+use relock::{Error, Holder, LockClient, LockConfig, LockInfo, SemaphoreInfo};
 use tokio::sync::broadcast;
 
 /// Done.
@@ -55,7 +63,8 @@ const REFUSED: u8 = 4;
 const EXIT_CODES: &str = "\
 Exit codes:
   0  done
-  1  not found or nothing to do (show/unlock of a lock nobody holds)
+  1  not found or nothing to do (show of a name with no lock, latch or semaphore; unlock of a lock
+     nobody holds)
   2  usage error (bad arguments, lock name or prefix)
   3  connection or Redis error (also a bad URL, or a key that is not a relock lock)
   4  confirmation refused (unlock)";
@@ -94,11 +103,15 @@ enum Command {
     List {
         /// Only locks whose name matches this Redis glob (*, ?, [abc]).
         pattern: Option<String>,
+        /// List the semaphores with permits held instead: name, permits, held, free, holders.
+        #[arg(long)]
+        semaphores: bool,
     },
-    /// Show one lock in detail, and the countdown latch of that name if it is counting (exit code 1
-    /// if neither).
+    /// Show one lock in detail, the countdown latch of that name if it is counting, and the
+    /// semaphore of that name if there is one: its permits and each holder's permits and lease left
+    /// (exit code 1 if none of them).
     Show {
-        /// The lock's name.
+        /// The lock's (latch's, semaphore's) name.
         name: String,
     },
     /// Remove a lock whoever holds it, and print what was removed. The holder learns it at its
@@ -191,7 +204,14 @@ async fn run(cli: Cli) -> u8 {
         }
     };
     let outcome = match &cli.command {
-        Command::List { pattern } => list(&client, &cli, pattern.as_deref()).await,
+        Command::List {
+            pattern,
+            semaphores: false,
+        } => list(&client, &cli, pattern.as_deref()).await,
+        Command::List {
+            pattern,
+            semaphores: true,
+        } => list_semaphores(&client, &cli, pattern.as_deref()).await,
         Command::Show { name } => show(&client, &cli, name).await,
         Command::Unlock { name, yes } => unlock(&client, &cli, name, *yes).await,
         Command::Watch {
@@ -244,29 +264,91 @@ async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u
     Ok(OK)
 }
 
+async fn list_semaphores(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
+    let semaphores = client.held_semaphores(pattern).await?;
+    if cli.json {
+        let items: Vec<String> = semaphores
+            .iter()
+            .map(|info| {
+                let body = semaphore_json(info);
+                format!("{{\"name\":{},{}", json_str(&info.name), &body[1..])
+            })
+            .collect();
+        out(&format!("[{}]", items.join(",")))?;
+        return Ok(OK);
+    }
+    if semaphores.is_empty() {
+        eprintln!("relock: no semaphore permits held");
+        return Ok(OK);
+    }
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "PERMITS".to_string(),
+        "HELD".to_string(),
+        "FREE".to_string(),
+        "HOLDERS".to_string(),
+    ]];
+    for info in &semaphores {
+        let holders: Vec<String> = info
+            .holders
+            .iter()
+            .map(|h| format!("{}:{}={}", h.client_id, h.owner, h.permits))
+            .collect();
+        rows.push([
+            info.name.clone(),
+            info.permits.to_string(),
+            info.held().to_string(),
+            info.available().to_string(),
+            holders.join(","),
+        ]);
+    }
+    out(&table(&rows))?;
+    Ok(OK)
+}
+
 async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure> {
     let info = client.inspect(name).await?;
     // The countdown latch of the same name, if it is counting (0: never set, or open).
     let latch = client.latch(name).count().await?;
-    match (&info, latch) {
-        (None, 0) => {
-            if cli.json {
-                out("null")?;
-            }
-            eprintln!("relock: lock {name:?} is not held (and no latch of that name is counting)");
-            return Ok(NOT_FOUND);
+    let semaphore = client.inspect_semaphore(name).await?;
+    if info.is_none() && latch == 0 && semaphore.is_none() {
+        if cli.json {
+            out("null")?;
         }
-        (Some(info), _) if cli.json => out(&info_json(info))?,
-        (Some(info), _) => out(&detail(info))?,
-        (None, _) if cli.json => out(&format!(
-            "{{\"name\":{},\"latch_count\":{latch}}}",
-            json_str(name)
-        ))?,
-        (None, _) => {}
+        eprintln!(
+            "relock: lock {name:?} is not held (and no latch of that name is counting, and there is \
+             no semaphore of that name)"
+        );
+        return Ok(NOT_FOUND);
     }
-    if latch > 0 && !cli.json {
-        out(&format!("latch {name}: {latch} count-downs left"))?;
+    if cli.json {
+        // One object: the lock's if it is held, with the latch and the semaphore added.
+        let mut object = match &info {
+            Some(info) => info_json(info),
+            None => format!("{{\"name\":{}}}", json_str(name)),
+        };
+        object.pop();
+        if latch > 0 {
+            object.push_str(&format!(",\"latch_count\":{latch}"));
+        }
+        if let Some(semaphore) = &semaphore {
+            object.push_str(&format!(",\"semaphore\":{}", semaphore_json(semaphore)));
+        }
+        object.push('}');
+        out(&object)?;
+        return Ok(OK);
     }
+    let mut parts = Vec::new();
+    if let Some(info) = &info {
+        parts.push(detail(info));
+    }
+    if latch > 0 {
+        parts.push(format!("latch {name}: {latch} count-downs left"));
+    }
+    if let Some(semaphore) = &semaphore {
+        parts.push(semaphore_detail(semaphore));
+    }
+    out(&parts.join("\n\n"))?;
     Ok(OK)
 }
 
@@ -675,6 +757,60 @@ fn detail(info: &LockInfo) -> String {
         ));
     }
     text
+}
+
+fn semaphore_detail(info: &SemaphoreInfo) -> String {
+    let mut text = format!(
+        "semaphore {}\nkey       {}\npermits   {}\nheld      {}\nfree      {}",
+        info.name,
+        info.key,
+        info.permits,
+        info.held(),
+        info.available(),
+    );
+    for holder in &info.holders {
+        text.push_str(&format!(
+            "\nholder client {} owner {} generation {} permits {} ttl {}",
+            holder.client_id,
+            holder.owner,
+            holder
+                .generation
+                .map_or_else(|| "-".to_string(), |g| g.to_string()),
+            holder.permits,
+            ttl_text(holder.ttl),
+        ));
+    }
+    text
+}
+
+fn semaphore_json(info: &SemaphoreInfo) -> String {
+    let holders: Vec<String> = info
+        .holders
+        .iter()
+        .map(|holder| {
+            format!(
+                "{{\"key\":{},\"client_id\":{},\"owner\":{},\"generation\":{},\"permits\":{},\"ttl_ms\":{}}}",
+                json_str(&holder.key),
+                json_str(&holder.client_id),
+                json_str(&holder.owner),
+                holder
+                    .generation
+                    .map_or_else(|| "null".to_string(), |g| g.to_string()),
+                holder.permits,
+                holder
+                    .ttl
+                    .map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
+            )
+        })
+        .collect();
+    format!(
+        "{{\"key\":{},\"permits\":{},\"held\":{},\"available\":{},\"holders\":[{}]}}",
+        json_str(&info.key),
+        info.permits,
+        info.held(),
+        info.available(),
+        holders.join(","),
+    )
 }
 
 fn holder_name(holder: &Holder) -> String {
