@@ -15,13 +15,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
-use fred::types::{Key, Value};
+use fred::types::Value;
 
 use crate::config::check_name;
 use crate::keys::{LockKeys, SemaphoreKeys};
-use crate::link::RetryPause;
 use crate::node::Node;
-use crate::scripts::{not_run, scripts};
 use crate::{Error, LockClient};
 
 /// One lock as read from Redis at one moment.
@@ -440,37 +438,10 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
     }))
 }
 
-/// How much later than fred's own timeout a semaphore read is abandoned (as `Node`'s backstop).
-const BACKSTOP: Duration = Duration::from_millis(20);
-
-/// Reads one semaphore in one script call (`scripts/inspect_semaphore.lua`; made again while it did
-/// not run, within the node's bound).
+/// Reads one semaphore in one script call (`scripts/inspect_semaphore.lua`, within the node's
+/// bound).
 async fn read_semaphore(node: &Node, keys: &SemaphoreKeys) -> Result<SemRead, Error> {
-    let link = &node.link;
-    let call = async {
-        let mut pause = RetryPause::new();
-        loop {
-            let keys = vec![Key::from(&*keys.index)];
-            match scripts()
-                .inspect_semaphore
-                .run::<Value, _>(&link.cmd, keys, Vec::new())
-                .await
-            {
-                Err(err) if not_run(&err) => pause.wait().await,
-                other => return other,
-            }
-        }
-    };
-    let reply = match tokio::time::timeout(link.bound() + BACKSTOP, call).await {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(err)) => {
-            return Err(match link.redis_error(err) {
-                Error::Redis(err) => Error::from_redis(err, &keys.index),
-                other => other,
-            })
-        }
-        Err(_) => return Err(Error::Timeout(link.bound())),
-    };
+    let reply = node.read_semaphore(keys).await?;
     parse_semaphore(&keys.name, &keys.index, reply)
 }
 

@@ -15,7 +15,7 @@ use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
 use crate::batch::{Batcher, Op};
 use crate::deadline::Deadlines;
-use crate::keys::{Kind, LockKeys};
+use crate::keys::{Kind, LockKeys, SemaphoreKeys};
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
 use crate::scripts::{not_run, scripts, Script};
 use crate::topology::{self, ServerInfo, Topology};
@@ -554,6 +554,17 @@ impl Node {
             Vec::new(),
         );
         self.bounded(call).await
+    }
+
+    /// One semaphore as `scripts/inspect_semaphore.lua` reads it (for `inspect.rs`), within the
+    /// node's bound; an index of another type is [`Error::WrongType`].
+    pub(crate) async fn read_semaphore(&self, keys: &SemaphoreKeys) -> Result<Value, Error> {
+        let call = self.script(
+            &scripts().inspect_semaphore,
+            vec![Key::from(&*keys.index)],
+            Vec::new(),
+        );
+        self.bounded_on(call, &keys.index).await
     }
 
     /// Runs a script whose one key is `key` and whose reply is an integer (the latch's), within the
