@@ -1,6 +1,6 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
--- while its previous call was in flight. acquire.lua, rw_acquire.lua and release.lua are prepended
--- to this file.
+-- while its previous call was in flight. acquire.lua, rw_acquire.lua, release.lua and fair.lua are
+-- prepended to this file.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
@@ -11,9 +11,13 @@
 --                                  acquire_write); 'W' also records a waiting writer on refusal;
 --                                  'v' and 'V' are 'w' and 'W' on a master of a quorum
 --   'd', the same                  with KEYS reader, write, readers, waiting (acquire_read)
+--   'f', the same                  with KEYS lock, fence, queue (fair.lua's acquire_fair); 'F'
+--                                  also queues the owner on refusal; 'g' and 'G' on a quorum
 --   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
 --   'u', the same                  as 'r', waking every waiter
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes every waiter)
+--   'h', the same                  with KEYS lock, queue: a fair lock (wakes the next waiter)
+--   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
 local out = {}
@@ -24,6 +28,7 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
 end
 local writes = {w = true, W = true, v = true, V = true}
+local fairs = {f = true, F = true, g = true, G = true}
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
   local op = ARGV[a]
@@ -38,6 +43,23 @@ for i = 1, tonumber(ARGV[1]) do
     ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
       tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
     k = k + 4
+  elseif fairs[op] then
+    ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
+      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', op == 'F' or op == 'G')
+    k = k + 3
+  elseif op == 'h' then
+    ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+    if ok then
+      reply = {reply}
+    end
+    k = k + 2
+  elseif op == 'z' then
+    ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
+      ARGV[a + 3], publish)
+    if ok then
+      reply = {reply}
+    end
+    k = k + 3
   elseif op == 'x' then
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '*', KEYS[k + 1])
     if ok then

@@ -62,10 +62,8 @@ pub(crate) enum Op {
         owner: Arc<str>,
         target: i64,
         channel: Arc<str>,
-        /// The message wakes every waiter, not one (see `LockKeys::wakes_all`).
-        all: bool,
-        /// The set `lock` is removed from when released (see `LockKeys::index`).
-        index: Option<Arc<str>>,
+        /// Whose hold: decides the operation and its other keys.
+        kind: Kind,
     },
 }
 
@@ -77,8 +75,7 @@ impl Op {
             owner: owner.clone(),
             target,
             channel: keys.channel.clone(),
-            all: keys.kind.wakes_all(),
-            index: keys.kind.index().cloned(),
+            kind: keys.kind.clone(),
         }
     }
 }
@@ -264,7 +261,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 ..
             } => {
                 let code = match kind {
-                    Kind::Plain | Kind::Mark => {
+                    Kind::Plain | Kind::Mark | Kind::Waiter(_) => {
                         keys.extend([Key::from(&**lock), Key::from(&**fence)]);
                         if *in_step {
                             "q"
@@ -285,6 +282,15 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                         keys.extend([lock, &rw.write, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
                         "d"
                     }
+                    Kind::Fair { fair, enqueue } => {
+                        keys.extend([lock, fence, &fair.queue].map(|key| Key::from(&**key)));
+                        match (*in_step, *enqueue) {
+                            (false, false) => "f",
+                            (false, true) => "F",
+                            (true, false) => "g",
+                            (true, true) => "G",
+                        }
+                    }
                 };
                 args.extend([
                     Value::from(code),
@@ -298,17 +304,24 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 owner,
                 target,
                 channel,
-                all,
-                index,
+                kind,
             } => {
                 keys.push(Key::from(&**lock));
-                let code = match index {
-                    Some(index) => {
-                        keys.push(Key::from(&**index));
+                let code = match kind {
+                    Kind::Plain => "r",
+                    Kind::Write { .. } | Kind::Mark => "u",
+                    Kind::Read(rw) => {
+                        keys.push(Key::from(&*rw.readers));
                         "x"
                     }
-                    None if *all => "u",
-                    None => "r",
+                    Kind::Fair { fair, .. } => {
+                        keys.push(Key::from(&*fair.queue));
+                        "h"
+                    }
+                    Kind::Waiter(fair) => {
+                        keys.extend([Key::from(&*fair.queue), Key::from(&*fair.lock)]);
+                        "z"
+                    }
                 };
                 args.extend([
                     Value::from(code),
@@ -387,8 +400,7 @@ async fn undo_unsynced(
                 owner: owner.clone(),
                 target: (*prev).max(0),
                 channel: channel.clone(),
-                all: kind.wakes_all(),
-                index: kind.index().cloned(),
+                kind: kind.clone(),
             });
             *reply = Err(short.clone());
         }

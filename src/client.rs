@@ -116,6 +116,24 @@ impl LockClient {
         Lock::new(self.core.clone(), name)
     }
 
+    /// The fair lock called `name`: the same [`Lock`] and guards, but waiters are granted in the
+    /// order they arrived. No I/O; the name is checked when it is used.
+    ///
+    /// A waiter (any `acquire` or `try_acquire_for` that is refused once) takes its place in the
+    /// lock's queue, kept by a heartbeat that the watchdog renews while it waits: a waiter that
+    /// stops waiting (granted, timed out, cancelled) leaves at once, one that crashed or was cut
+    /// off leaves within one `watchdog_timeout`, so the queue never sticks behind it. A release
+    /// wakes only the waiter whose turn it is (its owner id is the message). A `try_acquire`
+    /// never queues, and is refused while anyone waits. Reentrant per owner, as every lock; a
+    /// holder re-entering goes ahead of the queue. Fencing tokens as for every lock.
+    ///
+    /// Its keys (`prefix:{name}:fair...`) are not those of the plain lock of the same name. Not on
+    /// a [`MultiLock`](crate::MultiLock): arrival order is each server's own, and masters that
+    /// disagree on who is first would split every vote.
+    pub fn fair_lock(&self, name: &str) -> Lock {
+        Lock::fair(self.core.clone(), name)
+    }
+
     /// The read-write lock called `name` (see [`RwLock`](crate::RwLock)). No I/O; the name is
     /// checked when a side is used.
     pub fn rw_lock(&self, name: &str) -> crate::RwLock {

@@ -77,8 +77,8 @@ pub(crate) struct Hold {
     pub(crate) state: Mutex<HoldState>,
     /// The `lock` label of its figures (see `telemetry.rs`).
     pub(crate) label: Label,
-    /// Whether its possessions count in the figures: not a waiting writer's mark, which holds
-    /// nothing.
+    /// Whether its possessions count in the figures: not a waiter's mark (see `marks.rs`), which
+    /// holds nothing.
     pub(crate) counted: bool,
 }
 
@@ -257,7 +257,7 @@ impl Holds {
                         confirmed: None,
                     }),
                     label: telemetry::label(&keys.name, self.names_in_metrics),
-                    counted: !matches!(keys.kind, Kind::Mark),
+                    counted: !matches!(keys.kind, Kind::Mark | Kind::Waiter(_)),
                 })
             })
             .clone()

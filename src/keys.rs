@@ -26,21 +26,61 @@ pub(crate) enum Kind {
     /// A waiting writer's mark (`lock` is the waiting writers' hash, the field the owner id):
     /// renewed by the watchdog while the writer waits, released when it stops.
     Mark,
+    /// A fair lock (`lock` is its hash). `enqueue`: a refusal puts the owner in the queue (set for
+    /// a caller that will wait).
+    Fair { fair: Arc<FairKeys>, enqueue: bool },
+    /// A fair lock's waiter (`lock` is its waiter key, the field the owner id): its place in the
+    /// queue lives while the watchdog renews it, and is given up when the waiter stops.
+    Waiter(Arc<FairKeys>),
 }
 
-impl Kind {
-    /// Whether a release wakes every waiter of a client (message `*`), not one (`1`). A read-write
-    /// lock's waiters wait for different things, so one woken in another's place could leave that
-    /// one asleep: all are woken.
-    pub(crate) fn wakes_all(&self) -> bool {
-        !matches!(self, Kind::Plain)
+/// The Redis names of one fair lock (see `scripts/fair.lua`). All share the hash tag `{name}`.
+#[derive(Debug)]
+pub(crate) struct FairKeys {
+    pub(crate) name: Arc<str>,
+    /// The lock hash, as a plain lock's.
+    pub(crate) lock: Arc<str>,
+    pub(crate) fence: Arc<str>,
+    /// The queue: a sorted set of waiting owner ids by arrival. A waiter's key is this followed by
+    /// `:` and its owner id, with the waiter's lease as its TTL.
+    pub(crate) queue: Arc<str>,
+    pub(crate) channel: Arc<str>,
+}
+
+impl FairKeys {
+    pub(crate) fn new(prefix: &str, name: &str) -> FairKeys {
+        let lock = format!("{prefix}:{{{name}}}:fair");
+        FairKeys {
+            name: name.into(),
+            fence: format!("{lock}:fence").into(),
+            queue: format!("{lock}:queue").into(),
+            channel: format!("{lock}:released").into(),
+            lock: lock.into(),
+        }
     }
 
-    /// The set a released hold's key is removed from: a read-write lock's readers.
-    pub(crate) fn index(&self) -> Option<&Arc<str>> {
-        match self {
-            Kind::Read(rw) => Some(&rw.readers),
-            _ => None,
+    /// The keys of the lock; `enqueue` as in [`Kind::Fair`].
+    pub(crate) fn lock(self: &Arc<Self>, enqueue: bool) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: self.lock.clone(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Fair {
+                fair: self.clone(),
+                enqueue,
+            },
+        }
+    }
+
+    /// The keys of the waiter `id`'s place in the queue.
+    pub(crate) fn waiter(self: &Arc<Self>, id: &str) -> LockKeys {
+        LockKeys {
+            name: self.name.clone(),
+            lock: format!("{}:{id}", self.queue).into(),
+            fence: self.fence.clone(),
+            channel: self.channel.clone(),
+            kind: Kind::Waiter(self.clone()),
         }
     }
 }

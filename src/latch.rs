@@ -143,7 +143,7 @@ impl CountDownLatch {
     async fn wait_until(&self, until: Option<Instant>) -> Result<bool, Error> {
         self.check()?;
         let node = self.node();
-        let (subscription, mut armed, _) = node.waiters.subscribe(&self.keys.channel);
+        let (subscription, mut armed, _) = node.waiters.subscribe(&self.keys.channel, None);
         let mut answered = false;
         loop {
             let count = match until {

@@ -40,11 +40,12 @@
 //!   may not have the lock: use a [`MultiLock`] over independent masters where that matters.
 
 //!
-//! Besides locks, a [`LockClient`] hands out [`RwLock`]s (many readers or one writer; writers do
-//! not starve, every reader has a lease of its own; a [`MultiLock`] too), [`Semaphore`]s (every
-//! permit holder with a lease the watchdog renews), [`CountDownLatch`]es (Redisson's
-//! `RCountDownLatch`: waiters of every client are woken by one message when the count reaches zero)
-//! and, with a [`MultiLock`] too, [`LockSet`]s over several names (`lock_all`).
+//! Besides locks, a [`LockClient`] hands out fair locks ([`LockClient::fair_lock`]: waiters in
+//! arrival order, a queue that never sticks behind a crashed waiter), [`RwLock`]s (many readers or
+//! one writer; writers do not starve, every reader has a lease of its own; a [`MultiLock`] too),
+//! [`Semaphore`]s (every permit holder with a lease the watchdog renews), [`CountDownLatch`]es
+//! (Redisson's `RCountDownLatch`: waiters of every client are woken by one message when the count
+//! reaches zero) and, with a [`MultiLock`] too, [`LockSet`]s over several names (`lock_all`).
 //!
 //! ## Topologies
 //!

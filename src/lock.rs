@@ -10,7 +10,7 @@ use crate::config::{check_lease, check_name};
 use crate::core::{Attempt, Core};
 use crate::guard::LockGuard;
 use crate::hold::LeaseMode;
-use crate::keys::{Kind, LockKeys};
+use crate::keys::{FairKeys, Kind, LockKeys};
 use crate::owner::Owner;
 use crate::quorum::jitter;
 use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
@@ -66,6 +66,13 @@ impl Lock {
         Lock::with_keys(core, name, keys)
     }
 
+    /// A fair lock (see [`LockClient::fair_lock`](crate::LockClient::fair_lock)).
+    pub(crate) fn fair(core: Arc<Core>, name: &str) -> Lock {
+        let fair = Arc::new(FairKeys::new(core.config.get_key_prefix(), name));
+        let keys = Arc::new(fair.lock(false));
+        Lock::with_keys(core, name, keys)
+    }
+
     /// A lock over `keys`: one side of a read-write lock (see `rw_lock.rs`).
     pub(crate) fn with_keys(core: Arc<Core>, name: &str, keys: Arc<LockKeys>) -> Lock {
         Lock {
@@ -85,7 +92,8 @@ impl Lock {
     /// The Redis key of the lock's hash, `prefix:{name}` (for ACL rules, and tools that read it).
     /// Its fence counter is this key followed by `:fence`. For the write lock of a
     /// [`RwLock`](crate::RwLock), `prefix:{name}:rw`; for its read lock, the set of the reader keys,
-    /// `prefix:{name}:rw:readers` (each reader's key is that followed by `:` and its owner id).
+    /// `prefix:{name}:rw:readers` (each reader's key is that followed by `:` and its owner id). For a
+    /// fair lock, `prefix:{name}:fair` (its queue is that followed by `:queue`).
     pub fn redis_key(&self) -> &str {
         &self.keys.lock
     }
@@ -266,12 +274,16 @@ impl Lock {
         let keys = match &self.keys.kind {
             // Every reader's hold has a key (and a lease) of its own.
             Kind::Read(rw) => Arc::new(rw.reader(&owner)),
-            // A writer that will wait holds back new readers from its first refusal on.
+            // A writer that will wait holds back new readers from its first refusal on; a fair lock's
+            // waiter takes its place in the queue.
             Kind::Write { rw, .. } if !matches!(wait, Wait::Once) => Arc::new(rw.write(true)),
+            Kind::Fair { fair, .. } if !matches!(wait, Wait::Once) => Arc::new(fair.lock(true)),
             _ => self.keys.clone(),
         };
-        // The waiting writer's mark, kept alive while it waits (see `marks.rs`); dropped (removed)
-        // with this future.
+        // A fair lock's waiter is woken by name, when it is its turn.
+        let name = matches!(keys.kind, Kind::Fair { .. }).then_some(&owner);
+        // The waiter's mark (a waiting writer's, a fair waiter's place), kept alive while it waits
+        // (see `marks.rs`); dropped (removed) with this future.
         let mut mark: Option<LockGuard> = None;
         // Counted in `relock_waiters` from the first refusal on.
         let mut waiting: Option<Waiting> = None;
@@ -303,9 +315,16 @@ impl Lock {
             if wait.over() {
                 return Ok(None);
             }
-            if let (None, Kind::Write { rw, mark: true }) = (&mark, &keys.kind) {
-                let grant = self.core.adopt_mark(rw, &owner).await?;
-                mark = Some(LockGuard::new(self.core.clone(), grant));
+            if mark.is_none() {
+                let place = match &keys.kind {
+                    Kind::Write { rw, mark: true } => Some(rw.mark()),
+                    Kind::Fair { fair, enqueue: true } => Some(fair.waiter(&owner)),
+                    _ => None,
+                };
+                if let Some(place) = place {
+                    let grant = self.core.adopt_mark(place, &owner).await?;
+                    mark = Some(LockGuard::new(self.core.clone(), grant));
+                }
             }
             if waiting.is_none() {
                 waiting = Some(Waiting::start(report.label()));
@@ -313,7 +332,7 @@ impl Lock {
             if subscriptions.is_empty() {
                 let mut confirmed = true;
                 for node in &self.core.masters.nodes {
-                    let (subscription, wake, ok) = node.waiters.subscribe(&keys.channel);
+                    let (subscription, wake, ok) = node.waiters.subscribe(&keys.channel, name);
                     subscriptions.push(subscription);
                     armed.push(wake);
                     confirmed &= ok;

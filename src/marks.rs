@@ -1,9 +1,11 @@
-//! The engine's side of a waiting writer's mark (see `scripts/rw_acquire.lua`): a writer that waits
-//! for a read-write lock records itself in the lock's waiting writers' hash (its refused attempt
-//! does, in the same script call), which holds back new readers. The mark is hosted as a hold whose
-//! "lock" is that hash and whose field is the owner id, so the watchdog renews it while the writer
-//! waits (a heartbeat: a crashed waiter's mark goes with its lease) and the releaser removes it when
-//! the writer stops waiting, granted or not.
+//! The engine's side of a waiter's mark: what a refused attempt of a waiter leaves in Redis, in the
+//! same script call, to be kept while it waits. A writer waiting for a read-write lock records itself
+//! in the lock's waiting writers' hash, which holds back new readers (`scripts/rw_acquire.lua`); a
+//! waiter of a fair lock takes its place in the queue, with a waiter key of its own
+//! (`scripts/fair.lua`). The mark is hosted as a hold whose "lock" is that hash or key and whose
+//! field is the owner id, so the watchdog renews it while the owner waits (a heartbeat: a crashed
+//! waiter's mark goes with its lease) and the releaser removes it when the owner stops waiting,
+//! granted or not.
 
 use std::sync::Arc;
 
@@ -11,17 +13,22 @@ use tokio::time::Instant;
 
 use crate::core::Core;
 use crate::hold::{next_generation, Grant};
-use crate::keys::RwKeys;
+use crate::keys::LockKeys;
 use crate::Error;
 
 impl Core {
-    /// Takes over the mark that a refused write attempt of `owner` left in Redis: a grant whose
-    /// guard keeps it alive. A second wait of the same owner joins it (reentrant).
-    pub(crate) async fn adopt_mark(self: &Arc<Self>, rw: &RwKeys, owner: &Arc<str>) -> Result<Grant, Error> {
+    /// Takes over the mark (`keys`, of kind `Mark` or `Waiter`) that a refused attempt of `owner`
+    /// left in Redis: a grant whose guard keeps it alive. A second wait of the same owner joins it
+    /// (reentrant).
+    pub(crate) async fn adopt_mark(
+        self: &Arc<Self>,
+        keys: LockKeys,
+        owner: &Arc<str>,
+    ) -> Result<Grant, Error> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }
-        let keys = Arc::new(rw.mark());
+        let keys = Arc::new(keys);
         let (hold, _ops) = self.holds.lock_hold(&keys, owner).await;
         let lease = self.config.get_watchdog_timeout();
         let deadline = Instant::now() + lease.saturating_sub(self.masters.config.drift(lease));

@@ -99,6 +99,7 @@ pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/acquire.lua"),
     include_str!("../scripts/rw_acquire.lua"),
     include_str!("../scripts/release.lua"),
+    include_str!("../scripts/fair.lua"),
     include_str!("../scripts/batch.lua")
 );
 

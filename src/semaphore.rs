@@ -186,7 +186,7 @@ impl Semaphore {
                 return Ok(None);
             }
             if subscription.is_none() {
-                let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel);
+                let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel, None);
                 subscription = Some(sub);
                 armed = Some(wake);
                 if confirmed {

@@ -44,6 +44,38 @@ struct Entry {
     confirmed: bool,
     /// On a cluster, the primary it was subscribed on.
     owner: Option<Server>,
+    /// Waiters woken by name (a fair lock's: the message names whose turn it is), with how many
+    /// subscriptions share each name.
+    named: HashMap<Arc<str>, (usize, Arc<Notify>)>,
+}
+
+impl Entry {
+    /// Wakes every waiter of the channel, named ones included.
+    fn wake_all(&self) {
+        self.notify.notify_waiters();
+        for (_, notify) in self.named.values() {
+            notify.notify_waiters();
+        }
+    }
+
+    /// Turns one message into wake-ups: `*` (a latch opened, a read-write lock released) wakes
+    /// every waiter, a name the waiter of that name, anything else (a lock's release) one unnamed
+    /// waiter.
+    fn deliver(&self, message: &[u8]) {
+        if message == b"*" {
+            return self.wake_all();
+        }
+        if !self.named.is_empty() {
+            if let Some((_, notify)) = std::str::from_utf8(message)
+                .ok()
+                .and_then(|name| self.named.get(name))
+            {
+                notify.notify_one();
+                return;
+            }
+        }
+        self.notify.notify_one();
+    }
 }
 
 #[derive(Default)]
@@ -65,6 +97,8 @@ pub(crate) struct Subscription {
     shared: Arc<Shared>,
     channel: Arc<str>,
     notify: Arc<Notify>,
+    /// The name it is woken by, if any.
+    name: Option<Arc<str>>,
 }
 
 impl Waiters {
@@ -116,11 +150,28 @@ impl Waiters {
     /// after this call is missed once the subscription is confirmed. The flag tells whether it is
     /// confirmed already; if not, the confirmation itself wakes the waiter, who must then try again,
     /// since a release may have come before it.
-    pub(crate) fn subscribe(&self, channel: &Arc<str>) -> (Subscription, Armed, bool) {
+    ///
+    /// With a `name`, the waiter is woken by a message naming it (besides `*` and the events that
+    /// wake everyone), not by a plain release.
+    pub(crate) fn subscribe(
+        &self,
+        channel: &Arc<str>,
+        name: Option<&Arc<str>>,
+    ) -> (Subscription, Armed, bool) {
         let mut channels = self.shared.channels.lock();
         let entry = channels.entry(channel.clone()).or_default();
         entry.refs += 1;
-        let notify = entry.notify.clone();
+        let notify = match name {
+            Some(name) => {
+                let named = entry
+                    .named
+                    .entry(name.clone())
+                    .or_insert_with(|| (0, Arc::new(Notify::new())));
+                named.0 += 1;
+                named.1.clone()
+            }
+            None => entry.notify.clone(),
+        };
         // Armed under the lock: a confirmation, which also takes the lock, cannot slip past it.
         let notified = arm(&notify);
         let (new, confirmed) = (!entry.sent, entry.confirmed);
@@ -132,6 +183,7 @@ impl Waiters {
             shared: self.shared.clone(),
             channel: channel.clone(),
             notify,
+            name: name.cloned(),
         };
         (subscription, notified, confirmed)
     }
@@ -167,6 +219,14 @@ impl Drop for Subscription {
         let now_unused = match channels.get_mut(&self.channel) {
             Some(entry) => {
                 entry.refs = entry.refs.saturating_sub(1);
+                if let Some(name) = &self.name {
+                    if let Some(named) = entry.named.get_mut(name) {
+                        named.0 = named.0.saturating_sub(1);
+                        if named.0 == 0 {
+                            entry.named.remove(name);
+                        }
+                    }
+                }
                 entry.refs == 0
             }
             None => false,
@@ -189,7 +249,7 @@ fn arm(notify: &Arc<Notify>) -> Armed {
 
 fn wake_all(shared: &Shared) {
     for entry in shared.channels.lock().values() {
-        entry.notify.notify_waiters();
+        entry.wake_all();
     }
 }
 
@@ -219,12 +279,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
                 Ok(message) => {
                     let channels = strong.channels.lock();
                     if let Some(entry) = channels.get(&*message.channel) {
-                        // `*` (a latch opened) is for every waiter; a release, for one.
-                        if message.value.as_bytes() == Some(b"*") {
-                            entry.notify.notify_waiters();
-                        } else {
-                            entry.notify.notify_one();
-                        }
+                        entry.deliver(message.value.as_bytes().unwrap_or_default());
                     }
                 }
                 Err(RecvError::Lagged(missed)) => {
@@ -371,7 +426,7 @@ fn settle(
                 }
                 Err(_) => entry.sent = false,
             }
-            entry.notify.notify_waiters();
+            entry.wake_all();
         }
     }
 }

@@ -1,0 +1,104 @@
+-- Take, release and wait for a fair lock (functions of the batch script, see batch.lua): waiters are
+-- granted in arrival order. The keys of one fair lock share its `{name}` hash tag:
+--   lock:   the lock hash, as in acquire.lua (field `owner:generation`, value: count);
+--   fence:  its fence counter;
+--   queue:  a sorted set of the waiting owner ids, scored by arrival (the server's clock in µs;
+--           ZADD NX keeps a waiter's first place when its attempt is resent or repeated);
+--   waiter: one per waiting owner, queue .. ':' .. owner id: a hash whose one field is the owner id,
+--           with the waiter's lease as its TTL. The watchdog renews it while the owner waits (a
+--           heartbeat, as for a lock's hold); the waiter removes it when it stops waiting. A waiter
+--           whose key is gone (crashed, or cut off for a lease) is dropped from the queue by the next
+--           call that meets it at the head, so the queue never sticks behind it.
+-- Releases announce the next live waiter by name (its owner id is the message), so that only the
+-- waiter whose turn it is wakes up.
+
+-- The first live waiter of the queue and its key's TTL (dead ones are removed); false if none.
+local function fair_head(queue)
+  while true do
+    local first = redis.call('ZRANGE', queue, 0, 0)
+    if #first == 0 then
+      return false, -2
+    end
+    local ttl = redis.call('PTTL', queue .. ':' .. first[1])
+    if ttl ~= -2 then
+      return first[1], ttl
+    end
+    redis.call('ZREM', queue, first[1])
+  end
+end
+
+-- Puts the owner `id` in the queue (at the back, or where it already was) with a waiter key of
+-- `lease` ms.
+local function fair_join(queue, id, lease)
+  local t = redis.call('TIME')
+  redis.call('ZADD', queue, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), id)
+  local waiter = queue .. ':' .. id
+  redis.call('HSET', waiter, id, 1)
+  redis.call('PEXPIRE', waiter, lease)
+end
+
+-- A fair lock for `owner` (field): granted as acquire.lua grants, but only to the owner at the head
+-- of the queue when anyone waits (a reentrant acquisition of a live hold goes ahead). `enqueue`: a
+-- refusal puts the owner in the queue. Replies as acquire.lua's; a refusal's ttl is the sooner of
+-- the holder's lease and the head waiter's (whichever ends first may make this owner's turn).
+local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue)
+  local kind = redis.call('TYPE', queue)['ok']
+  if kind ~= 'none' and kind ~= 'zset' then
+    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+  end
+  local id = string.match(owner, '^(.*):%d+$')
+  local fresh = target == 1 or redis.call('HEXISTS', lock, owner) == 0
+  local head, head_ttl = false, -2
+  if fresh then
+    head, head_ttl = fair_head(queue)
+    if head and head ~= id then
+      local ttl = redis.call('PTTL', lock)
+      if ttl < 0 or (head_ttl >= 0 and head_ttl < ttl) then
+        ttl = head_ttl
+      end
+      if enqueue and id then
+        fair_join(queue, id, lease)
+      end
+      return {0, ttl}
+    end
+  end
+  local reply = acquire(lock, fence, owner, lease, target, in_step)
+  if reply[1] == 1 then
+    if head then
+      redis.call('ZREM', queue, head)
+      redis.call('DEL', queue .. ':' .. head)
+    end
+  elseif enqueue and id then
+    fair_join(queue, id, lease)
+  end
+  return reply
+end
+
+-- release.lua's release for a fair lock: a release that frees it announces the next live waiter.
+local function release_fair(lock, queue, owner, target, channel, publish)
+  if target > 0 then
+    return release(lock, owner, target, channel, publish, '1', false)
+  end
+  local head = fair_head(queue)
+  return release(lock, owner, target, channel, publish, head or '1', false)
+end
+
+-- A waiter (`field`: its owner id) gives up its place: its key and queue entry go, and if the lock
+-- is free, the next live waiter is told it is its turn (it may have been waiting behind this one).
+-- Replies as release.lua's.
+local function fair_leave(waiter, queue, lock, field, target, channel, publish)
+  if target > 0 then
+    return release(waiter, field, target, channel, publish, '1', false)
+  end
+  if redis.call('HDEL', waiter, field) == 0 then
+    return 0
+  end
+  redis.call('ZREM', queue, field)
+  if redis.call('EXISTS', lock) == 0 then
+    local head = fair_head(queue)
+    if head then
+      redis.call(publish, channel, head)
+    end
+  end
+  return 2
+end
