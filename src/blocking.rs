@@ -1,7 +1,8 @@
 //! A blocking API over the async one, for code that does not run in an async runtime.
 //!
-//! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`], [`LockGuard`],
-//! [`MultiLock`], [`Semaphore`] and its [`Permit`], [`LockSet`] (`lock_all`) and its
+//! In the style of reqwest's `blocking` module: [`LockClient`], [`Lock`] (also a fair lock's, and
+//! each side of an [`RwLock`]), [`LockGuard`], [`MultiLock`], [`Semaphore`] and its [`Permit`],
+//! [`LockSet`] (`lock_all`) and its
 //! [`LockSetGuard`], and [`CountDownLatch`] here mirror the crate's async types of the same names,
 //! with every `async fn` turned into a call that blocks the calling thread until it is done; the
 //! inspection calls ([`LockClient::inspect`], [`LockClient::held_locks`],
@@ -77,6 +78,7 @@ const _: fn() = || {
     assert::<Permit>();
     assert::<LockSet>();
     assert::<LockSetGuard>();
+    assert::<RwLock>();
 };
 
 /// What a client, its clones, locks and guards share: the runtime the async client lives on.
@@ -240,6 +242,24 @@ impl LockClient {
     pub fn lock(&self, name: &str) -> Lock {
         Lock {
             inner: self.inner.lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The fair lock called `name`, blocking: see
+    /// [`LockClient::fair_lock`](crate::LockClient::fair_lock) (waiters granted in arrival order).
+    /// No I/O.
+    pub fn fair_lock(&self, name: &str) -> Lock {
+        Lock {
+            inner: self.inner.fair_lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The read-write lock called `name`, blocking: see [`RwLock`](crate::RwLock). No I/O.
+    pub fn rw_lock(&self, name: &str) -> RwLock {
+        RwLock {
+            inner: self.inner.rw_lock(name),
             shared: self.shared.clone(),
         }
     }
@@ -517,6 +537,43 @@ impl std::fmt::Debug for LockGuard {
     }
 }
 
+/// A read-write lock, blocking: [`RwLock`](crate::RwLock) (many readers or one writer; writers do
+/// not starve; every reader's lease is its own). Each side is a blocking [`Lock`].
+#[derive(Clone)]
+pub struct RwLock {
+    inner: crate::RwLock,
+    shared: Arc<Shared>,
+}
+
+impl RwLock {
+    /// The lock's name.
+    pub fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The read side (see [`RwLock::read`](crate::RwLock::read)).
+    pub fn read(&self) -> Lock {
+        Lock {
+            inner: self.inner.read(),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The write side (see [`RwLock::write`](crate::RwLock::write)).
+    pub fn write(&self) -> Lock {
+        Lock {
+            inner: self.inner.write(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RwLock").field("name", &self.name()).finish()
+    }
+}
+
 /// A countdown latch, blocking: the blocking [`CountDownLatch`](crate::CountDownLatch). Made by
 /// [`LockClient::latch`]; cheap to clone.
 #[derive(Clone)]
@@ -605,6 +662,15 @@ impl MultiLock {
     pub fn lock(&self, name: &str) -> Lock {
         Lock {
             inner: self.inner.lock(name),
+            shared: self.shared.clone(),
+        }
+    }
+
+    /// The read-write lock called `name` over every master, blocking: see
+    /// [`RwLock`](crate::RwLock). No I/O.
+    pub fn rw_lock(&self, name: &str) -> RwLock {
+        RwLock {
+            inner: self.inner.rw_lock(name),
             shared: self.shared.clone(),
         }
     }

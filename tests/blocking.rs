@@ -728,3 +728,39 @@ async fn the_family_is_refused_inside_an_async_runtime() {
     .await;
     assert!(gone, "a release from inside the runtime was lost");
 }
+
+#[test]
+fn a_blocking_fair_lock_and_rw_lock_from_threads() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server), client(&server));
+    let name = unique_name("fair-blocking");
+    let (overlaps, done) = contend(|| a.fair_lock(&name), 3, 10);
+    assert_eq!((overlaps, done), (0, 30));
+
+    let name = unique_name("rw-blocking");
+    let read = a.rw_lock(&name).read().acquire().unwrap();
+    let again = b.rw_lock(&name).read().acquire().unwrap();
+    assert_eq!(read.fencing_token(), 0);
+    // A writer of another thread waits for both readers.
+    let writer = {
+        let rw = b.rw_lock(&name);
+        thread::spawn(move || {
+            let guard = rw.write().acquire().unwrap();
+            let token = guard.fencing_token();
+            guard.release().unwrap();
+            token
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    assert!(!writer.is_finished());
+    drop(read);
+    again.release().unwrap();
+    assert!(writer.join().unwrap() > 0);
+    // The reader asking for the write lock: refused at once.
+    let read = a.rw_lock(&name).read().acquire().unwrap();
+    assert!(matches!(
+        a.rw_lock(&name).write().try_acquire(),
+        Err(relock::Error::Upgrade(_))
+    ));
+    read.release().unwrap();
+}
