@@ -15,7 +15,7 @@ use uuid::Uuid;
 
 use crate::config::LockConfig;
 use crate::deadline::Deadlines;
-use crate::hold::{next_generation, Grant, Holds, Job, LeaseMode, Resync};
+use crate::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
 use crate::keys::LockKeys;
 use crate::quorum::{self, Masters, Round};
 use crate::Error;
@@ -34,7 +34,7 @@ pub(crate) struct Core {
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
     /// The bounds of attempts (see `deadline.rs`).
-    deadlines: Deadlines,
+    pub(crate) deadlines: Deadlines,
     /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
     /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
     /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
@@ -51,6 +51,16 @@ pub(crate) struct Core {
     /// Closed when the core is dropped: its receivers learn that the last job holding it is done
     /// (the blocking client waits for that before stopping its runtime).
     pub(crate) alive: watch::Sender<()>,
+}
+
+/// What an acquisition of one hold asks Redis for (see [`Core::ask`]).
+pub(crate) struct Ask {
+    /// The hold's count after it: 1 starts a generation.
+    pub(crate) target: u32,
+    pub(crate) gen: u64,
+    /// The hold's field in Redis (owner and generation).
+    pub(crate) field: Arc<str>,
+    pub(crate) lease: Duration,
 }
 
 /// An undo is found by its lock key and the hold's field.
@@ -159,24 +169,8 @@ impl Core {
             let start = Instant::now();
             let own_bound = start + self.masters.attempt_bound();
             let bound = until.map_or(own_bound, |until| until.min(own_bound));
-            // A reentrant acquisition joins the hold as it is, lease mode included.
-            let (target, gen, field, lease) = {
-                let st = hold.state.lock();
-                if st.active() {
-                    (st.count + 1, st.gen, st.field.clone(), st.lease)
-                } else {
-                    let lease = match mode {
-                        LeaseMode::Watchdog => self.config.get_watchdog_timeout(),
-                        LeaseMode::Fixed(lease) => {
-                            let ms = lease.as_millis().min(u64::MAX as u128) as u64;
-                            self.longest_lease_ms.fetch_max(ms, Ordering::Relaxed);
-                            lease
-                        }
-                    };
-                    let gen = next_generation();
-                    (1, gen, format!("{owner}:{gen}").into(), lease)
-                }
-            };
+            let ask = self.ask(&hold, owner, mode);
+            let (target, gen, field, lease) = (ask.target, ask.gen, ask.field.clone(), ask.lease);
             let reentry = target > 1;
             // If this future is dropped mid-round, a grant may still land: the undo runs in the
             // background, after this round's commands on every connection.
@@ -213,31 +207,7 @@ impl Core {
                 }
                 Round::Granted { token, deadline } => (token, deadline),
             };
-            // Decided under the hold's lock; the guard of that lock must not live across an await.
-            let granted = {
-                let mut st = hold.state.lock();
-                if reentry {
-                    if st.gen == gen && st.active() {
-                        st.count += 1;
-                        st.confirmed = Some(target);
-                        st.deadline = st.deadline.max(deadline);
-                        Some(Grant::of(&hold, &st))
-                    } else {
-                        None // lost while the round ran; its cleanup takes our level too
-                    }
-                } else if self.is_closed() {
-                    // Shut down during the round, perhaps after its snapshot of the holds.
-                    None
-                } else {
-                    hold.start(&mut st, gen, field.clone());
-                    st.token = token;
-                    st.lease = lease;
-                    st.watchdog = mode == LeaseMode::Watchdog;
-                    st.deadline = deadline;
-                    Some(Grant::of(&hold, &st))
-                }
-            };
-            let Some(grant) = granted else {
+            let Some(grant) = self.record_grant(&hold, &ask, token, deadline, mode) else {
                 if reentry {
                     continue;
                 }
@@ -253,6 +223,69 @@ impl Core {
             }
             return Ok(Attempt::Granted(grant));
         }
+    }
+
+    /// What an acquisition of `hold` asks Redis for. A reentrant acquisition joins the hold as it
+    /// is, lease mode included; a fresh one starts a generation.
+    pub(crate) fn ask(&self, hold: &Hold, owner: &str, mode: LeaseMode) -> Ask {
+        let st = hold.state.lock();
+        if st.active() {
+            return Ask {
+                target: st.count + 1,
+                gen: st.gen,
+                field: st.field.clone(),
+                lease: st.lease,
+            };
+        }
+        let lease = match mode {
+            LeaseMode::Watchdog => self.config.get_watchdog_timeout(),
+            LeaseMode::Fixed(lease) => {
+                let ms = lease.as_millis().min(u64::MAX as u128) as u64;
+                self.longest_lease_ms.fetch_max(ms, Ordering::Relaxed);
+                lease
+            }
+        };
+        let gen = next_generation();
+        Ask {
+            target: 1,
+            gen,
+            field: format!("{owner}:{gen}").into(),
+            lease,
+        }
+    }
+
+    /// Records in `hold` what Redis granted to `ask` (with `token`, safe until `deadline`) and
+    /// returns the grant; `None` if a reentered hold was lost while the round ran (its cleanup
+    /// takes this level too), or the client was shut down meanwhile (the caller gives a fresh grant
+    /// back). Decided under the hold's lock.
+    pub(crate) fn record_grant(
+        &self,
+        hold: &Arc<Hold>,
+        ask: &Ask,
+        token: u64,
+        deadline: Instant,
+        mode: LeaseMode,
+    ) -> Option<Grant> {
+        let mut st = hold.state.lock();
+        if ask.target > 1 {
+            if st.gen == ask.gen && st.active() {
+                st.count += 1;
+                st.confirmed = Some(ask.target);
+                st.deadline = st.deadline.max(deadline);
+                return Some(Grant::of(hold, &st));
+            }
+            return None;
+        }
+        if self.is_closed() {
+            // Shut down during the round, perhaps after its snapshot of the holds.
+            return None;
+        }
+        hold.start(&mut st, ask.gen, ask.field.clone());
+        st.token = token;
+        st.lease = ask.lease;
+        st.watchdog = mode == LeaseMode::Watchdog;
+        st.deadline = deadline;
+        Some(Grant::of(hold, &st))
     }
 
     /// Queues background work; false if the releaser is gone (its runtime shut down).

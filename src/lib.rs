@@ -96,6 +96,7 @@ mod releaser;
 mod rw_lock;
 mod scripts;
 mod semaphore;
+mod set_attempt;
 mod telemetry;
 mod topology;
 mod wait;

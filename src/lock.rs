@@ -221,6 +221,29 @@ impl Lock {
         }
     }
 
+    /// The engine this lock runs on.
+    pub(crate) fn core(&self) -> &Arc<Core> {
+        &self.core
+    }
+
+    /// The lock's keys.
+    pub(crate) fn keys(&self) -> &Arc<LockKeys> {
+        &self.keys
+    }
+
+    /// The lease mode an acquisition asks for (after [`check_input`](Lock::check_input)).
+    pub(crate) fn mode(&self) -> LeaseMode {
+        self.lease.map_or(LeaseMode::Watchdog, LeaseMode::Fixed)
+    }
+
+    /// The owner id an acquisition made now, from this task, holds under.
+    pub(crate) fn owner_id(&self) -> Arc<str> {
+        self.owner
+            .clone()
+            .unwrap_or_else(Owner::current)
+            .id_for(&self.core.id)
+    }
+
     /// The checks an acquisition makes before any I/O: the name, and a fixed lease's range.
     pub(crate) fn check_input(&self) -> Result<(), Error> {
         check_name(&self.name)?;
@@ -265,11 +288,7 @@ impl Lock {
             }
             None => LeaseMode::Watchdog,
         };
-        let owner = self
-            .owner
-            .clone()
-            .unwrap_or_else(Owner::current)
-            .id_for(&self.core.id);
+        let owner = self.owner_id();
         tracing::Span::current().record("owner", &*owner);
         let keys = match &self.keys.kind {
             // Every reader's hold has a key (and a lease) of its own.
@@ -362,7 +381,7 @@ impl Lock {
 /// A release message that woke a waiter, passed on to the next waiter if this one does not use it
 /// (its future is dropped, or fails, before an attempt decides): otherwise one cancelled waiter
 /// would leave the others asleep until the lease ran out.
-struct WakeUp(Option<Arc<tokio::sync::Notify>>);
+pub(crate) struct WakeUp(pub(crate) Option<Arc<tokio::sync::Notify>>);
 
 impl Drop for WakeUp {
     fn drop(&mut self) {

@@ -6,25 +6,35 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use std::sync::Arc;
+
 use crate::guard::LockGuard;
-use crate::lock::Lock;
+use crate::keys::LockKeys;
+use crate::lock::{Lock, WakeUp};
 use crate::owner::Owner;
+use crate::set_attempt::SetAttempt;
+use crate::wait::Wait;
+use crate::waiters::{Armed, Subscription};
 use crate::Error;
 
 /// Several named locks taken together, all or none: made by
 /// [`LockClient::lock_all`](crate::LockClient::lock_all) or
 /// [`MultiLock::lock_all`](crate::MultiLock::lock_all).
 ///
-/// The names are taken one by one **in a fixed order** (sorted, duplicates removed), each as its
-/// own [`Lock`], and what was taken is given back if a later one cannot be: two callers whose sets
-/// overlap wait for each other in the same order, so they cannot deadlock. Each name is reentrant
+/// The names are sorted, duplicates removed. Each name is reentrant
 /// per owner as a single lock is, so a task that holds one of the names (or the whole set) takes the
 /// set again without waiting for itself; each name keeps its own lease, watchdog renewal and
 /// fencing token.
 ///
-/// **Not atomic**: between the first name and the last, another client can see some names taken
-/// (it then waits or is refused, as for any held lock). On one server a single script could take
-/// them at once; relock does not do that yet.
+/// **On one server** (a [`LockClient`](crate::LockClient) on a single Redis or a Sentinel-managed
+/// primary, without `sync_replicas`) the whole set is taken **atomically**, by one script call per
+/// attempt: no other client ever sees part of it taken by this acquisition. A refused attempt
+/// waits for the release of the name that refused it, as a waiter of that lock alone would.
+/// **Elsewhere** (a cluster, whose names live in different slots; a quorum; synced writes) the
+/// names are taken one by one **in that fixed order**, each as its own [`Lock`], and what was
+/// taken is given back if a later one cannot be: two callers whose sets overlap wait for each
+/// other in the same order, so they cannot deadlock. Between the first name and the last, another
+/// client can see some names taken (it then waits or is refused, as for any held lock).
 ///
 /// A name in a set is the same lock as on its own: `client.lock("a")` and
 /// `client.lock_all(&["a", "b"])` exclude each other on `a`.
@@ -80,6 +90,12 @@ impl LockSet {
     /// Dropping the future gives back the names taken so far and leaves no lock held.
     pub async fn acquire(&self) -> Result<LockSetGuard, Error> {
         self.check()?;
+        if self.atomic() {
+            return match self.acquire_at_once(Wait::Forever).await? {
+                Some(guard) => Ok(guard),
+                None => Err(Error::Shutdown), // not reached: an unbounded wait ends with a guard or an error
+            };
+        }
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             // On `?`, the guards taken so far are dropped: released in the background.
@@ -96,6 +112,9 @@ impl LockSet {
     /// As [`acquire`](LockSet::acquire).
     pub async fn try_acquire(&self) -> Result<Option<LockSetGuard>, Error> {
         self.check()?;
+        if self.atomic() {
+            return self.acquire_at_once(Wait::Once).await;
+        }
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             match lock.try_acquire().await? {
@@ -114,6 +133,9 @@ impl LockSet {
     /// As [`acquire`](LockSet::acquire).
     pub async fn try_acquire_for(&self, wait: Duration) -> Result<Option<LockSetGuard>, Error> {
         self.check()?;
+        if self.atomic() {
+            return self.acquire_at_once(Wait::up_to(wait)?).await;
+        }
         let until = crate::wait::deadline(wait)?;
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
@@ -127,6 +149,75 @@ impl LockSet {
             }
         }
         Ok(Some(LockSetGuard { guards }))
+    }
+
+    /// Whether the set is taken in one script call (see [`Core::atomic_sets`]): one server.
+    fn atomic(&self) -> bool {
+        self.locks[0].core().atomic_sets()
+    }
+
+    /// The whole set in one script call per attempt, waiting as `wait` says. A refused attempt
+    /// names the lock that refused it; the set waits for that lock's release, as a waiter of that
+    /// lock alone would (and passes the release on if another name then refuses it, so that a
+    /// waiter of that lock alone is not left asleep).
+    async fn acquire_at_once(&self, wait: Wait) -> Result<Option<LockSetGuard>, Error> {
+        let core = self.locks[0].core();
+        let keys: Vec<Arc<LockKeys>> = self.locks.iter().map(|lock| lock.keys().clone()).collect();
+        let (owner, mode) = (self.locks[0].owner_id(), self.locks[0].mode());
+        let node = &core.masters.nodes[0];
+        let until = wait.until();
+        // The lock waited for, and the subscription to its release channel.
+        let mut waiting: Option<(usize, Subscription)> = None;
+        let mut armed: Option<Armed> = None;
+        let mut wake_up = WakeUp(None);
+        let mut refused = false;
+        loop {
+            if let Some((_, subscription)) = &waiting {
+                armed = Some(subscription.armed());
+            }
+            let (ttl, at) = match core.attempt_all(&keys, &owner, mode, until).await {
+                Ok(SetAttempt::Granted(grants)) => {
+                    wake_up.0 = None;
+                    let guards = grants
+                        .into_iter()
+                        .map(|grant| LockGuard::new(core.clone(), grant))
+                        .collect();
+                    return Ok(Some(LockSetGuard { guards }));
+                }
+                Ok(SetAttempt::Refused { ttl, at }) => {
+                    refused = true;
+                    (ttl, at)
+                }
+                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
+                Err(err) => return Err(err),
+            };
+            // Woken by the release of a lock that another name then refused: not ours to keep.
+            if let Some(notify) = wake_up.0.take() {
+                if waiting.as_ref().is_some_and(|(i, _)| *i != at) {
+                    notify.notify_one();
+                }
+            }
+            if wait.over() {
+                return Ok(None);
+            }
+            if waiting.as_ref().is_none_or(|(i, _)| *i != at) {
+                let (subscription, wake, confirmed) = node.waiters.subscribe(&keys[at].channel, None);
+                waiting = Some((at, subscription));
+                armed = Some(wake);
+                if confirmed {
+                    // A release may have come between the attempt and the subscription.
+                    continue;
+                }
+            }
+            let wake_at = wait.wake_at(ttl.unwrap_or(core.masters.config.retry_delay));
+            match armed.take() {
+                Some(released) => tokio::select! {
+                    _ = released => wake_up.0 = waiting.as_ref().map(|(_, s)| s.waker()),
+                    () = tokio::time::sleep_until(wake_at) => {}
+                },
+                None => tokio::time::sleep_until(wake_at).await,
+            }
+        }
     }
 
     /// Checks every name (and lease) before any I/O: bad input changes nothing.

@@ -115,6 +115,7 @@ pub(crate) struct Scripts {
     pub(crate) latch_count: Script,
     pub(crate) semaphore_acquire: Script,
     pub(crate) semaphore_available: Script,
+    pub(crate) lock_all: Script,
     pub(crate) rw_state: Script,
     pub(crate) rw_force_unlock: Script,
     pub(crate) inspect_semaphore: Script,
@@ -143,6 +144,14 @@ impl Scripts {
                 "semaphore_available",
                 include_str!("../scripts/semaphore_available.lua"),
             ),
+            // acquire.lua defines the function that lock_all.lua runs per lock.
+            lock_all: Script::new(
+                "lock_all",
+                concat!(
+                    include_str!("../scripts/acquire.lua"),
+                    include_str!("../scripts/lock_all.lua")
+                ),
+            ),
             rw_state: Script::new("rw_state", include_str!("../scripts/rw_state.lua")),
             rw_force_unlock: Script::new("rw_force_unlock", include_str!("../scripts/rw_force_unlock.lua")),
             inspect_semaphore: Script::new(
@@ -166,6 +175,7 @@ impl Scripts {
             &self.latch_count,
             &self.semaphore_acquire,
             &self.semaphore_available,
+            &self.lock_all,
             &self.rw_state,
             &self.rw_force_unlock,
             &self.inspect_semaphore,

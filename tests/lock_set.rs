@@ -12,6 +12,7 @@ use std::time::Duration;
 use relock::{Error, LockClient, LockConfig, MultiLock, Owner, QuorumConfig};
 use support::topologies::RedisCluster;
 use support::{lock_key, unique_name, RedisServer};
+use tokio::time::Instant;
 
 fn config() -> LockConfig {
     LockConfig::default()
@@ -198,9 +199,10 @@ async fn a_set_spans_cluster_slots_and_quorum_masters() {
         .lock_config(config());
     let multi = MultiLock::connect_with(&urls, quorum).await.expect("masters");
     let guard = multi.lock_all(&refs).acquire().await.expect("quorum");
+    // A majority granted each name; the last master's grant may land a moment later.
     for server in &servers {
         for name in &names {
-            assert!(server.exists(&lock_key(name)));
+            assert!(support::eventually(Duration::from_secs(2), || server.exists(&lock_key(name))).await);
         }
     }
     guard.release().await.unwrap();
@@ -305,4 +307,81 @@ fn sets_follow_their_model_under_random_steps() {
             Ok(())
         })?;
     });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_one_server_a_set_is_taken_by_one_script_call() {
+    let server = RedisServer::start();
+    // Default renewals (every 10 s) stay out of the count.
+    let c = LockClient::connect(&server.url()).await.unwrap();
+    let other = LockClient::connect(&server.url()).await.unwrap();
+    let base = unique_name("atomic");
+    let names: Vec<String> = (0..5).map(|i| format!("{base}:{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let before = server.command_calls("evalsha");
+    let guard = c.lock_all(&refs).try_acquire().await.unwrap().expect("free");
+    assert_eq!(
+        server.command_calls("evalsha") - before,
+        1,
+        "one script call for five names"
+    );
+    let tokens: Vec<u64> = names.iter().map(|n| guard.fencing_token(n).unwrap()).collect();
+    assert!(tokens.iter().all(|t| *t > 0));
+    drop(guard);
+    // A refusal is one call too, and writes nothing: the free names stay free.
+    let blocker = other.lock(&names[3]).acquire().await.unwrap();
+    assert!(
+        support::eventually(Duration::from_secs(3), || {
+            names.iter().filter(|n| server.exists(&lock_key(n))).count() == 1
+        })
+        .await
+    );
+    let before = server.command_calls("evalsha");
+    assert!(c.lock_all(&refs).try_acquire().await.unwrap().is_none());
+    assert_eq!(server.command_calls("evalsha") - before, 1);
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(server.exists(&lock_key(name)), i == 3, "{name}");
+    }
+    blocker.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_wakes_on_the_release_that_refused_it_and_passes_others_on() {
+    let server = RedisServer::start();
+    // Long leases: only release messages can wake the waiters in time.
+    let long = LockConfig::default().watchdog_timeout(Duration::from_secs(30));
+    let a = LockClient::connect_with(&server.url(), long.clone())
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&server.url(), long).await.unwrap();
+    let base = unique_name("wake");
+    let (x, y) = (format!("{base}:x"), format!("{base}:y"));
+    let hold_x = b.lock(&x).acquire().await.unwrap();
+    let hold_y = b.lock(&y).acquire().await.unwrap();
+    // The set waits on x, the first name that refuses it; then a lone waiter of x on the same client.
+    let set = a.lock_all(&[&x, &y]);
+    let set_wait = tokio::spawn(async move { set.acquire().await.map(|g| (g, Instant::now())) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let lone = a.lock(&x);
+    let lone_wait = tokio::spawn(async move { lone.acquire().await.map(|g| (g, Instant::now())) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // x is released while y is still held: the set, if woken first, is refused by y and must pass
+    // the release on to the lone waiter.
+    let released = Instant::now();
+    hold_x.release().await.unwrap();
+    let (lone_guard, at) = tokio::time::timeout(Duration::from_secs(3), lone_wait)
+        .await
+        .expect("the lone waiter of x was left asleep")
+        .unwrap()
+        .unwrap();
+    assert!(at - released < Duration::from_millis(1500), "{:?}", at - released);
+    assert!(!set_wait.is_finished());
+    drop(lone_guard);
+    drop(hold_y);
+    let (set_guard, _) = tokio::time::timeout(Duration::from_secs(3), set_wait)
+        .await
+        .expect("the set was not woken by the releases")
+        .unwrap()
+        .unwrap();
+    assert!(set_guard.is_held());
 }

@@ -1,0 +1,42 @@
+-- Take several locks at once, all or none, on one server (LockSet on a single Redis): acquire.lua's
+-- function is prepended to this file.
+-- KEYS: per lock, its hash and its fence counter (KEYS[2i - 1], KEYS[2i]).
+-- ARGV: per lock, its hold's field (`owner:generation`), the count after this acquisition and the
+-- lease in ms (ARGV[3i - 2], ARGV[3i - 1], ARGV[3i]).
+--
+-- Every lock is checked before anything is written: one held by another owner refuses the whole
+-- set, and a reentrant acquisition (count > 1) whose hold is gone refuses it too, naming that lock
+-- (its holder must learn it lost the lock). Counts are set, not incremented, as in acquire.lua: a
+-- resend leaves the same state.
+-- Returns {1, then per lock: previous count, token} when every lock is granted,
+--         {0, remaining ttl in ms, i} when lock i is held by another owner (the first such),
+--         {-3, i} when lock i was to be re-entered but its hold is gone.
+-- A key of another type fails the call before anything is written.
+local n = #KEYS / 2
+for i = 1, n do
+  local lock, owner, target = KEYS[2 * i - 1], ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
+  local kind = redis.call('TYPE', lock)['ok']
+  local fence = redis.call('TYPE', KEYS[2 * i])['ok']
+  if (kind ~= 'none' and kind ~= 'hash') or (fence ~= 'none' and fence ~= 'string') then
+    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+  end
+  if kind == 'hash' and not redis.call('HGET', lock, owner) then
+    -- Another owner's field refuses; an ended generation of this owner does not (acquire replaces it).
+    local mine = string.match(owner, '^(.*:)%d+$')
+    for _, field in ipairs(redis.call('HKEYS', lock)) do
+      if not mine or string.sub(field, 1, #mine) ~= mine then
+        return {0, redis.call('PTTL', lock), i}
+      end
+    end
+  end
+  if target > 1 and not (kind == 'hash' and redis.call('HGET', lock, owner)) then
+    return {-3, i}
+  end
+end
+local out = {1}
+for i = 1, n do
+  local reply = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i - 1]), false)
+  out[#out + 1] = reply[2]
+  out[#out + 1] = reply[3]
+end
+return out

@@ -1,0 +1,176 @@
+//! The engine's attempt at a whole set of locks in one script call (`scripts/lock_all.lua`): all or
+//! none, atomically, where every name lives on one server. Each name stays a hold of its own (its
+//! guard, renewal and release are a single lock's); only the acquisition is shared.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::types::Value;
+use tokio::time::Instant;
+
+use crate::core::{Ask, Core, UndoOnDrop};
+use crate::hold::{Grant, Job, LeaseMode};
+use crate::keys::LockKeys;
+use crate::quorum;
+use crate::scripts::scripts;
+use crate::topology::Kind;
+use crate::Error;
+
+/// The outcome of one attempt at a set.
+pub(crate) enum SetAttempt {
+    /// Every name granted, in the order asked.
+    Granted(Vec<Grant>),
+    /// The name at index `at` is held by another owner (for about `ttl` more).
+    Refused { ttl: Option<Duration>, at: usize },
+}
+
+impl Core {
+    /// Whether a set can be taken in one script call: one master that is not a cluster (whose names
+    /// may live in different slots) and whose writes are not synced to replicas (acknowledging and
+    /// undoing those is the batcher's work).
+    pub(crate) fn atomic_sets(&self) -> bool {
+        let node = &self.masters.nodes[0];
+        self.masters.single()
+            && node.link.topology.kind() != Kind::Cluster
+            && node.link.sync_replicas().is_none()
+    }
+
+    /// One attempt at every lock of `keys` (sorted, without duplicates) for `owner`, all or none, in
+    /// one script call; for a client where [`atomic_sets`](Core::atomic_sets) holds. Bounded as
+    /// [`attempt`](Core::attempt) is: a call cut short is undone in the background.
+    pub(crate) async fn attempt_all(
+        self: &Arc<Self>,
+        keys: &[Arc<LockKeys>],
+        owner: &Arc<str>,
+        mode: LeaseMode,
+        until: Option<Instant>,
+    ) -> Result<SetAttempt, Error> {
+        let node = &self.masters.nodes[0];
+        loop {
+            if self.is_closed() {
+                return Err(Error::Shutdown);
+            }
+            // Every hold's operations, in the set's order: another set waits in the same order.
+            let mut holds = Vec::with_capacity(keys.len());
+            for lock in keys {
+                let held = match until {
+                    Some(until) => self
+                        .deadlines
+                        .within(until, self.holds.lock_hold(lock, owner))
+                        .await
+                        .ok_or(Error::Timeout(Duration::ZERO))?,
+                    None => self.holds.lock_hold(lock, owner).await,
+                };
+                holds.push(held);
+            }
+            let start = Instant::now();
+            let bound = until.map_or(start + self.masters.attempt_bound(), |until| {
+                until.min(start + self.masters.attempt_bound())
+            });
+            let asks: Vec<Ask> = holds
+                .iter()
+                .map(|(hold, _)| self.ask(hold, owner, mode))
+                .collect();
+            let mut undos: Vec<UndoOnDrop> = holds
+                .iter()
+                .zip(&asks)
+                .map(|((hold, _), ask)| UndoOnDrop {
+                    core: self,
+                    resync: Some(hold.resync(&ask.field, ask.gen)),
+                })
+                .collect();
+            let names: Vec<&str> = keys.iter().flat_map(|k| [&*k.lock, &*k.fence]).collect();
+            let mut args = Vec::with_capacity(asks.len() * 3);
+            for ask in &asks {
+                args.extend([
+                    Value::from(&*ask.field),
+                    Value::from(i64::from(ask.target)),
+                    Value::from(ask.lease.as_millis().min(i64::MAX as u128) as i64),
+                ]);
+            }
+            let call = node.run_list(&scripts().lock_all, &names, args);
+            let reply = self
+                .deadlines
+                .within(bound, call)
+                .await
+                .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
+            // An error leaves the outcome unknown: the undos (on drop) bring every hold in line.
+            let reply = reply?;
+            undos.iter_mut().for_each(|undo| undo.resync = None);
+            drop(undos);
+            let retire = |holds: &[(Arc<crate::hold::Hold>, _)]| {
+                for (hold, _) in holds {
+                    self.holds.retire_if_idle(hold);
+                }
+            };
+            match reply.as_slice() {
+                [0, ttl, at] => {
+                    retire(&holds);
+                    return Ok(SetAttempt::Refused {
+                        ttl: (*ttl > 0).then(|| Duration::from_millis(*ttl as u64)),
+                        at: (*at as usize).saturating_sub(1).min(keys.len() - 1),
+                    });
+                }
+                [-3, i] => {
+                    // A reentered name's hold ran out unnoticed: end it and try the set afresh.
+                    let i = (*i as usize).saturating_sub(1).min(keys.len() - 1);
+                    holds[i].0.mark_lost(
+                        asks[i].gen,
+                        "the lock was found released or taken when re-entering it",
+                    );
+                    let _ = quorum::release(&self.masters, &keys[i], &asks[i].field, 0).await;
+                    retire(&holds);
+                    continue;
+                }
+                [1, rest @ ..] if rest.len() == 2 * keys.len() => {
+                    let mut grants = Vec::with_capacity(keys.len());
+                    let mut complete = true;
+                    for (i, ((hold, _), ask)) in holds.iter().zip(&asks).enumerate() {
+                        let token = rest[2 * i + 1].max(0) as u64;
+                        let deadline = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
+                        match self.record_grant(hold, ask, token, deadline, mode) {
+                            Some(grant) => grants.push(grant),
+                            None => {
+                                // A reentered hold lost while the call ran (its cleanup takes this
+                                // level too), or the client shut down: a fresh grant goes back.
+                                complete = false;
+                                if ask.target == 1 {
+                                    let _ = quorum::release(&self.masters, &keys[i], &ask.field, 0).await;
+                                    self.holds.retire_if_idle(hold);
+                                }
+                            }
+                        }
+                    }
+                    if complete {
+                        if let Some(soonest) = grants.iter().map(|g| g.hold.state.lock().deadline).min() {
+                            self.wake_watchdog_for(soonest);
+                        }
+                        tracing::debug!(locks = keys.len(), owner = %owner, "lock set acquired");
+                        return Ok(SetAttempt::Granted(grants));
+                    }
+                    // All or none: what was granted goes back, as a dropped guard's level does.
+                    for grant in grants {
+                        if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
+                            self.enqueue(Job::Release {
+                                hold: grant.hold,
+                                gen: grant.gen,
+                                field: grant.field,
+                                was_lost,
+                                ops: None,
+                            });
+                        }
+                    }
+                    if self.is_closed() {
+                        return Err(Error::Shutdown);
+                    }
+                }
+                other => {
+                    return Err(Error::Redis(fred::error::Error::new(
+                        fred::error::ErrorKind::Parse,
+                        format!("unexpected reply to lock_all: {other:?}"),
+                    )))
+                }
+            }
+        }
+    }
+}
