@@ -1,4 +1,4 @@
--- Take or re-enter a lock (a function of the batch script, see batch.lua).
+-- Take or re-enter a lock (a function of the batch script, see batch.lua; prelude.lua's helpers).
 -- lock: the lock hash (field: the hold's owner and generation, `owner:generation`, value: hold count);
 -- fence: the fence counter; owner: that field; lease: lease in ms; target: the hold count after this
 -- acquisition; in_step: the server is one master of a quorum (see the token below). An ended
@@ -26,7 +26,8 @@ local function acquire(lock, fence, owner, lease, target, in_step)
       -- starts with the same `owner:` and only the generation differs): a hold lost, or a release
       -- still on its way. Only the latter is ours to replace; it is removed below, once nothing can
       -- refuse.
-      local mine = string.match(owner, '^(.*:)%d+$')
+      local id = owner_of(owner)
+      local mine = id and (id .. ':')
       for _, field in ipairs(redis.call('HKEYS', lock)) do
         if mine and string.sub(field, 1, #mine) == mine then
           ended[#ended + 1] = field

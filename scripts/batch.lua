@@ -1,23 +1,23 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
--- while its previous call was in flight. acquire.lua, rw_acquire.lua, release.lua and fair.lua are
--- prepended to this file.
+-- while its previous call was in flight. prelude.lua and the files of the functions it runs are
+-- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
+-- fair_acquire.lua, fair_release.lua, fair_leave.lua.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
 -- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
 --   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua)
 --   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
---   'w', the same                  with KEYS write, fence, readers, waiting (rw_acquire.lua's
---                                  acquire_write); 'W' also records a waiting writer on refusal;
+--   'w', the same                  with KEYS write, fence, readers, waiting (rw_write.lua); 'W' also records a waiting writer on refusal;
 --                                  'v' and 'V' are 'w' and 'W' on a master of a quorum
---   'd', the same                  with KEYS reader, write, readers, waiting (acquire_read)
---   'f', the same                  with KEYS lock, fence, queue (fair.lua's acquire_fair); 'F'
+--   'd', the same                  with KEYS reader, write, readers, waiting (rw_read.lua)
+--   'f', the same                  with KEYS lock, fence, queue (fair_acquire.lua); 'F'
 --                                  also queues the owner on refusal; 'g' and 'G' on a quorum
 --   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
 --   'u', the same                  as 'r', waking every waiter
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes every waiter)
---   'h', the same                  with KEYS lock, queue: a fair lock (wakes the next waiter)
---   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves
+--   'h', the same                  with KEYS lock, queue: a fair lock (fair_release.lua)
+--   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves (fair_leave.lua)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
 local out = {}

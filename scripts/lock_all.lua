@@ -1,5 +1,5 @@
--- Take several locks at once, all or none, on one server (LockSet on a single Redis): acquire.lua's
--- function is prepended to this file.
+-- Take several locks at once, all or none, on one server (LockSet on a single Redis): prelude.lua
+-- and acquire.lua are prepended to this file.
 -- KEYS: per lock, its hash and its fence counter (KEYS[2i - 1], KEYS[2i]).
 -- ARGV: per lock, its hold's field (`owner:generation`), the count after this acquisition and the
 -- lease in ms (ARGV[3i - 2], ARGV[3i - 1], ARGV[3i]).
@@ -15,21 +15,21 @@
 local n = #KEYS / 2
 for i = 1, n do
   local lock, owner, target = KEYS[2 * i - 1], ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])
-  local kind = redis.call('TYPE', lock)['ok']
-  local fence = redis.call('TYPE', KEYS[2 * i])['ok']
-  if (kind ~= 'none' and kind ~= 'hash') or (fence ~= 'none' and fence ~= 'string') then
-    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+  if not absent_or(lock, 'hash') or not absent_or(KEYS[2 * i], 'string') then
+    return wrong_type()
   end
-  if kind == 'hash' and not redis.call('HGET', lock, owner) then
+  local held = redis.call('EXISTS', lock) == 1
+  if held and not redis.call('HGET', lock, owner) then
     -- Another owner's field refuses; an ended generation of this owner does not (acquire replaces it).
-    local mine = string.match(owner, '^(.*:)%d+$')
+    local id = owner_of(owner)
+    local mine = id and (id .. ':')
     for _, field in ipairs(redis.call('HKEYS', lock)) do
       if not mine or string.sub(field, 1, #mine) ~= mine then
         return {0, redis.call('PTTL', lock), i}
       end
     end
   end
-  if target > 1 and not (kind == 'hash' and redis.call('HGET', lock, owner)) then
+  if target > 1 and not (held and redis.call('HGET', lock, owner)) then
     return {-3, i}
   end
 end

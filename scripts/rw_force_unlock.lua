@@ -1,7 +1,7 @@
 -- Remove a read-write lock whoever holds it: its writer, every reader and every waiting writer's
 -- mark (the fence counter stays).
 -- KEYS[1] the write lock's hash; KEYS[2] the set of reader keys; KEYS[3] the waiting writers' hash
--- (see rw_acquire.lua); ARGV[1] the release channel; ARGV[2] the command that announces the release
+-- (see rw_read.lua); ARGV[1] the release channel; ARGV[2] the command that announces the release
 -- (PUBLISH, or SPUBLISH on a cluster).
 -- Returns 1 when a writer or a live reader was removed, 0 when there was none. A key of another
 -- type is an error, and nothing is removed.

@@ -1,4 +1,4 @@
--- Take n permits of a semaphore for one holder, with a lease of its own.
+-- Take n permits of a semaphore for one holder, with a lease of its own (prelude.lua is prepended).
 -- KEYS[1] the semaphore's index hash: field `permits` the number of permits, and one field per
 --         holder key with the permits it holds; KEYS[2] this holder's key, a hash with one field
 --         (the hold's owner and generation) whose value is its permits, and the holder's lease as
@@ -14,12 +14,8 @@
 --         or -1} when refused, {-1, N stored} when the semaphore holds permits under another N
 --         (nothing changed; with nothing held, the new N replaces the old).
 -- A key of another type is an error, untouched.
-local function hash_or_none(key)
-  local kind = redis.call('TYPE', key)['ok']
-  return kind == 'none' or kind == 'hash'
-end
-if not hash_or_none(KEYS[1]) or not hash_or_none(KEYS[2]) then
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+if not absent_or(KEYS[1], 'hash') or not absent_or(KEYS[2], 'hash') then
+  return wrong_type()
 end
 local permits, n, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 local used, soonest = 0, -1

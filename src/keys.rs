@@ -34,7 +34,7 @@ pub(crate) enum Kind {
     Waiter(Arc<FairKeys>),
 }
 
-/// The Redis names of one fair lock (see `scripts/fair.lua`). All share the hash tag `{name}`.
+/// The Redis names of one fair lock (see `scripts/fair_acquire.lua`). All share the hash tag `{name}`.
 #[derive(Debug)]
 pub(crate) struct FairKeys {
     pub(crate) name: Arc<str>,
@@ -85,7 +85,7 @@ impl FairKeys {
     }
 }
 
-/// The Redis names of one read-write lock (see `scripts/rw_acquire.lua`). All share the hash tag
+/// The Redis names of one read-write lock (see `scripts/rw_read.lua`). All share the hash tag
 /// `{name}` (with a plain lock of the same name, whose keys they do not touch).
 #[derive(Debug)]
 pub(crate) struct RwKeys {

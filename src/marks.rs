@@ -1,8 +1,8 @@
 //! The engine's side of a waiter's mark: what a refused attempt of a waiter leaves in Redis, in the
 //! same script call, to be kept while it waits. A writer waiting for a read-write lock records itself
-//! in the lock's waiting writers' hash, which holds back new readers (`scripts/rw_acquire.lua`); a
+//! in the lock's waiting writers' hash, which holds back new readers (`scripts/rw_read.lua`); a
 //! waiter of a fair lock takes its place in the queue, with a waiter key of its own
-//! (`scripts/fair.lua`). The mark is hosted as a hold whose "lock" is that hash or key and whose
+//! (`scripts/fair_acquire.lua`). The mark is hosted as a hold whose "lock" is that hash or key and whose
 //! field is the owner id, so the watchdog renews it while the owner waits (a heartbeat: a crashed
 //! waiter's mark goes with its lease) and the releaser removes it when the owner stops waiting,
 //! granted or not.

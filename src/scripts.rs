@@ -94,12 +94,17 @@ pub(crate) fn not_run(err: &RedisError) -> bool {
     is_noscript(err) || is_redirect(err)
 }
 
-/// The batch script: the acquire and release functions, then the loop that runs them.
+/// The batch script: the shared helpers, the acquire and release functions, then the loop that runs
+/// them.
 pub(crate) const BATCH: &str = concat!(
+    include_str!("../scripts/prelude.lua"),
     include_str!("../scripts/acquire.lua"),
-    include_str!("../scripts/rw_acquire.lua"),
     include_str!("../scripts/release.lua"),
-    include_str!("../scripts/fair.lua"),
+    include_str!("../scripts/rw_read.lua"),
+    include_str!("../scripts/rw_write.lua"),
+    include_str!("../scripts/fair_acquire.lua"),
+    include_str!("../scripts/fair_release.lua"),
+    include_str!("../scripts/fair_leave.lua"),
     include_str!("../scripts/batch.lua")
 );
 
@@ -138,7 +143,10 @@ impl Scripts {
             latch_count: Script::new("latch_count", include_str!("../scripts/latch_count.lua")),
             semaphore_acquire: Script::new(
                 "semaphore_acquire",
-                include_str!("../scripts/semaphore_acquire.lua"),
+                concat!(
+                    include_str!("../scripts/prelude.lua"),
+                    include_str!("../scripts/semaphore_acquire.lua")
+                ),
             ),
             semaphore_available: Script::new(
                 "semaphore_available",
@@ -148,6 +156,7 @@ impl Scripts {
             lock_all: Script::new(
                 "lock_all",
                 concat!(
+                    include_str!("../scripts/prelude.lua"),
                     include_str!("../scripts/acquire.lua"),
                     include_str!("../scripts/lock_all.lua")
                 ),

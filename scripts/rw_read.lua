@@ -1,4 +1,5 @@
--- Take or re-enter one side of a read-write lock (functions of the batch script, see batch.lua).
+-- Take or re-enter the read side of a read-write lock (a function of the batch script, see batch.lua;
+-- prelude.lua's helpers). rw_write.lua takes the write side.
 -- The keys of one read-write lock share its `{name}` hash tag:
 --   write:   the write lock, a lock hash as in acquire.lua (field `owner:generation`, value: count);
 --   fence:   its fence counter (only writers draw tokens);
@@ -14,21 +15,6 @@
 -- Replies as acquire.lua's: {1, previous count, token} or {0, ttl in ms}; besides, {-2} when the
 -- owner asks for the write lock while it holds the read lock (an upgrade, which would deadlock as
 -- soon as two readers tried it). A key of another type fails before anything is written.
-
--- The owner id of a field `owner:generation`.
-local function owner_of(field)
-  return string.match(field, '^(.*):%d+$')
-end
-
--- Whether `key` is absent or of type `kind`.
-local function absent_or(key, kind)
-  local found = redis.call('TYPE', key)['ok']
-  return found == 'none' or found == kind
-end
-
-local function wrong_type()
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-end
 
 -- Whether the write lock has a field of another owner than `id` (a writer other than this owner).
 local function other_writer(write, id)
@@ -77,52 +63,4 @@ local function acquire_read(reader, write, readers, waiting, owner, lease, targe
   redis.call('PEXPIRE', reader, lease)
   redis.call('SADD', readers, reader)
   return {1, tonumber(prev or '0'), 0}
-end
-
--- Records the owner `id` as a waiting writer; the hash lives at least `lease` more.
-local function wait_mark(waiting, id, lease)
-  redis.call('HSET', waiting, id, 1)
-  if redis.call('PTTL', waiting) < lease then
-    redis.call('PEXPIRE', waiting, lease)
-  end
-end
-
--- A write hold for `owner` (field) on `write`; `mark`: a refusal records this owner as a waiting
--- writer (with the lease as the waiting hash's TTL), a grant removes it.
-local function acquire_write(write, fence, readers, waiting, owner, lease, target, in_step, mark)
-  if not absent_or(readers, 'set') or not absent_or(waiting, 'hash') then
-    return wrong_type()
-  end
-  local id = owner_of(owner)
-  -- Readers refuse a fresh write hold (and a reentrant one whose hold is gone). A reentrant one
-  -- holds them off already.
-  if target == 1 or redis.call('HEXISTS', write, owner) == 0 then
-    local me = id and (readers .. ':' .. id)
-    local ttl = false
-    for _, reader in ipairs(redis.call('SMEMBERS', readers)) do
-      local left = redis.call('PTTL', reader)
-      if left == -2 then
-        redis.call('SREM', readers, reader)
-      elseif reader == me then
-        return {-2}
-      elseif not ttl or left < ttl then
-        ttl = left
-      end
-    end
-    if ttl then
-      if mark and id then
-        wait_mark(waiting, id, lease)
-      end
-      return {0, ttl}
-    end
-  end
-  local reply = acquire(write, fence, owner, lease, target, in_step)
-  if reply[1] == 1 then
-    if id then
-      redis.call('HDEL', waiting, id)
-    end
-  elseif mark and id then
-    wait_mark(waiting, id, lease)
-  end
-  return reply
 end

@@ -1,5 +1,7 @@
--- Take, release and wait for a fair lock (functions of the batch script, see batch.lua): waiters are
--- granted in arrival order. The keys of one fair lock share its `{name}` hash tag:
+-- Take a fair lock, or wait for it in the queue (a function of the batch script, see batch.lua):
+-- waiters are granted in arrival order. fair_release.lua releases it, fair_leave.lua gives up a
+-- waiter's place; both use fair_head and are prepended after this file (and prelude.lua before it).
+-- The keys of one fair lock share its `{name}` hash tag:
 --   lock:   the lock hash, as in acquire.lua (field `owner:generation`, value: count);
 --   fence:  its fence counter;
 --   queue:  a sorted set of the waiting owner ids, scored by arrival (the server's clock in µs;
@@ -42,11 +44,10 @@ end
 -- refusal puts the owner in the queue. Replies as acquire.lua's; a refusal's ttl is the sooner of
 -- the holder's lease and the head waiter's (whichever ends first may make this owner's turn).
 local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue)
-  local kind = redis.call('TYPE', queue)['ok']
-  if kind ~= 'none' and kind ~= 'zset' then
-    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+  if not absent_or(queue, 'zset') then
+    return wrong_type()
   end
-  local id = string.match(owner, '^(.*):%d+$')
+  local id = owner_of(owner)
   local fresh = target == 1 or redis.call('HEXISTS', lock, owner) == 0
   local head, head_ttl = false, -2
   if fresh then
@@ -72,33 +73,4 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
     fair_join(queue, id, lease)
   end
   return reply
-end
-
--- release.lua's release for a fair lock: a release that frees it announces the next live waiter.
-local function release_fair(lock, queue, owner, target, channel, publish)
-  if target > 0 then
-    return release(lock, owner, target, channel, publish, '1', false)
-  end
-  local head = fair_head(queue)
-  return release(lock, owner, target, channel, publish, head or '1', false)
-end
-
--- A waiter (`field`: its owner id) gives up its place: its key and queue entry go, and if the lock
--- is free, the next live waiter is told it is its turn (it may have been waiting behind this one).
--- Replies as release.lua's.
-local function fair_leave(waiter, queue, lock, field, target, channel, publish)
-  if target > 0 then
-    return release(waiter, field, target, channel, publish, '1', false)
-  end
-  if redis.call('HDEL', waiter, field) == 0 then
-    return 0
-  end
-  redis.call('ZREM', queue, field)
-  if redis.call('EXISTS', lock) == 0 then
-    local head = fair_head(queue)
-    if head then
-      redis.call(publish, channel, head)
-    end
-  end
-  return 2
 end

@@ -1,0 +1,51 @@
+-- Take or re-enter the write side of a read-write lock (a function of the batch script, see
+-- batch.lua; prelude.lua's helpers, acquire.lua's acquire). The keys and replies are those of
+-- rw_read.lua's header.
+
+-- Records the owner `id` as a waiting writer; the hash lives at least `lease` more.
+local function wait_mark(waiting, id, lease)
+  redis.call('HSET', waiting, id, 1)
+  if redis.call('PTTL', waiting) < lease then
+    redis.call('PEXPIRE', waiting, lease)
+  end
+end
+
+-- A write hold for `owner` (field) on `write`; `mark`: a refusal records this owner as a waiting
+-- writer (with the lease as the waiting hash's TTL), a grant removes it.
+local function acquire_write(write, fence, readers, waiting, owner, lease, target, in_step, mark)
+  if not absent_or(readers, 'set') or not absent_or(waiting, 'hash') then
+    return wrong_type()
+  end
+  local id = owner_of(owner)
+  -- Readers refuse a fresh write hold (and a reentrant one whose hold is gone). A reentrant one
+  -- holds them off already.
+  if target == 1 or redis.call('HEXISTS', write, owner) == 0 then
+    local me = id and (readers .. ':' .. id)
+    local ttl = false
+    for _, reader in ipairs(redis.call('SMEMBERS', readers)) do
+      local left = redis.call('PTTL', reader)
+      if left == -2 then
+        redis.call('SREM', readers, reader)
+      elseif reader == me then
+        return {-2}
+      elseif not ttl or left < ttl then
+        ttl = left
+      end
+    end
+    if ttl then
+      if mark and id then
+        wait_mark(waiting, id, lease)
+      end
+      return {0, ttl}
+    end
+  end
+  local reply = acquire(write, fence, owner, lease, target, in_step)
+  if reply[1] == 1 then
+    if id then
+      redis.call('HDEL', waiting, id)
+    end
+  elseif mark and id then
+    wait_mark(waiting, id, lease)
+  end
+  return reply
+end
