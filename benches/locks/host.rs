@@ -52,7 +52,7 @@ pub fn redis_cpu_seconds(server: &RedisServer) -> f64 {
 }
 
 /// Calls per command (`cmdstat_<name>`), from `INFO commandstats`.
-fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
+pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
     info(server, "commandstats")
         .lines()
         .filter_map(|l| {

@@ -279,7 +279,7 @@ impl Handoff {
 /// Holds the lock for `section`: a sleep off the runtime (a blocking thread's `thread::sleep`,
 /// about 1.1 ms for 1 ms here), standing in for a database write. `tokio::time::sleep` would round
 /// up to its millisecond wheel (about 2 ms for 1 ms on this machine).
-async fn hold<C: Contender>(section: Duration) {
+pub async fn hold<C: Contender>(section: Duration) {
     if section.is_zero() {
         return;
     }

@@ -1,7 +1,7 @@
 //! The run's output: the targets (each computed from rows of the same run), and the rows and targets
 //! as a Markdown table, `locks.json` and `locks.svg`.
 
-use crate::rows::{figure, BenchCommand, Library, Metric, Params, Retry, Row, Workload};
+use crate::rows::{figure, BenchCommand, Library, LockKind, Metric, Params, Retry, Row, Workload};
 use crate::workloads::HOT_CLIENTS;
 use crate::Mode;
 
@@ -282,7 +282,10 @@ servers ran (`INFO commandstats`: the commands scripts call included, the bench'
 out). Hot lock: the critical section is a 1 ms sleep on a blocking thread (`section_p50_us` as it \
 ran); `of_ideal` is sections/s over 1,000; `utilization` is sections/s times the mean section as it \
 ran, the share of the run the lock was held; a wait still open at the end of the run counts as long as \
-it was then, so a `wait_p99_us` near the run time means some contenders waited the whole run. One \
+it was then, so a `wait_p99_us` near the run time means some contenders waited the whole run. RW lock, \
+read-heavy: the same section; `mean_holders` is sections/s times the mean section as it ran (how many \
+held it at once); `write_share` the share of sections that were writes; `*_vs_plain` the read-write \
+lock's figure over the plain lock's of the same run. One \
 request in flight on this 2-vCPU VM mostly waits for an idle vCPU to wake: compare the two floor rows.
 ";
 
@@ -323,6 +326,28 @@ fn json_string(s: &str) -> String {
 /// relock's ratios on its own row: its main figure over each peer's at the same point (each retry
 /// setting), and over the ceiling.
 fn ratios(rows: &[Row], row: &Row) -> Vec<String> {
+    if let Params::ReadHeavy {
+        lock: LockKind::Rw,
+        read_pct,
+        tasks,
+        clients,
+    } = row.params
+    {
+        // The read-write lock over the plain lock, same draws, same run.
+        let plain = Params::ReadHeavy {
+            lock: LockKind::Plain,
+            read_pct,
+            tasks,
+            clients,
+        };
+        let m = Metric::SectionsPerS;
+        return match (row.get(m), figure(rows, row.workload, row.library, plain, m)) {
+            (Some(rw), Some(plain)) if plain > 0.0 => {
+                vec![format!("\"rw_lock/plain lock\": {:.4}", rw / plain)]
+            }
+            _ => Vec::new(),
+        };
+    }
     let main = match row.workload {
         Workload::Contended | Workload::HotLock => Metric::SectionsPerS,
         Workload::Uncontended | Workload::Redlock => Metric::CyclesPerS,

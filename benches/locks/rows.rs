@@ -28,6 +28,9 @@ pub enum Workload {
     ClusterWatchdog,
     /// Tasks sharing a semaphore's permits, each holding one for 1 ms.
     Semaphore,
+    /// Tasks on one lock, each section a read (most) or a write, each held for 1 ms: relock's
+    /// read-write lock, and the plain lock (every section exclusive) as its baseline.
+    ReadHeavy,
 }
 
 impl Workload {
@@ -42,6 +45,7 @@ impl Workload {
             Workload::Watchdog => "watchdog",
             Workload::Waiters => "waiters",
             Workload::Semaphore => "semaphore",
+            Workload::ReadHeavy => "rw lock, read-heavy",
             Workload::ClusterUncontended => "cluster uncontended",
             Workload::ClusterWatchdog => "cluster watchdog",
         }
@@ -109,6 +113,24 @@ pub enum BenchCommand {
     SetAndAcquire,
 }
 
+/// Which lock the read-heavy workload runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockKind {
+    /// `client.rw_lock(name)`: reads on `.read()`, writes on `.write()`.
+    Rw,
+    /// `client.lock(name)`: every section exclusive, reads and writes alike.
+    Plain,
+}
+
+impl LockKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            LockKind::Rw => "rw_lock",
+            LockKind::Plain => "plain lock",
+        }
+    }
+}
+
 /// A row's parameters, part of its key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Params {
@@ -150,6 +172,14 @@ pub enum Params {
         permits: u64,
         tasks: usize,
         clients: usize,
+    },
+    /// `tasks` tasks over `clients` clients on one lock, each section a read with probability
+    /// `read_pct` %, else a write.
+    ReadHeavy {
+        read_pct: u32,
+        tasks: usize,
+        clients: usize,
+        lock: LockKind,
     },
 }
 
@@ -222,6 +252,16 @@ impl fmt::Display for Params {
                 tasks,
                 clients,
             } => write!(f, "permits={permits} tasks={tasks} clients={clients}"),
+            Params::ReadHeavy {
+                read_pct,
+                tasks,
+                clients,
+                lock,
+            } => write!(
+                f,
+                "reads={read_pct}% tasks={tasks} clients={clients} {}",
+                lock.name()
+            ),
         }
     }
 }
@@ -249,6 +289,19 @@ pub enum Metric {
     /// A contender's wait, from wanting the lock to its grant.
     WaitP50Us,
     WaitP99Us,
+    /// The same, of the sections that were writes (read-heavy rows).
+    WriterWaitP50Us,
+    WriterWaitP99Us,
+    /// The same, of the sections that were reads (read-heavy rows).
+    ReaderWaitP99Us,
+    /// The share of the sections that were writes.
+    WriteShare,
+    /// Holders at once, on average: sections/s times the mean section as it ran.
+    MeanHolders,
+    /// The read-write lock's figure over the plain lock's, from the same run (read-heavy rows).
+    SectionsVsPlain,
+    RedisCpuVsPlain,
+    RedisCmdsVsPlain,
     /// How long a holder held the lock (the critical section as it ran).
     SectionP50Us,
     RttP50Us,
@@ -293,6 +346,14 @@ impl Metric {
             Metric::IdleGapP99Us => "idle_gap_p99_us",
             Metric::WaitP50Us => "wait_p50_us",
             Metric::WaitP99Us => "wait_p99_us",
+            Metric::WriterWaitP50Us => "writer_wait_p50_us",
+            Metric::WriterWaitP99Us => "writer_wait_p99_us",
+            Metric::ReaderWaitP99Us => "reader_wait_p99_us",
+            Metric::WriteShare => "write_share",
+            Metric::MeanHolders => "mean_holders",
+            Metric::SectionsVsPlain => "sections_vs_plain",
+            Metric::RedisCpuVsPlain => "redis_cpu_vs_plain",
+            Metric::RedisCmdsVsPlain => "redis_cmds_vs_plain",
             Metric::SectionP50Us => "section_p50_us",
             Metric::RttP50Us => "rtt_p50_us",
             Metric::RttP99Us => "rtt_p99_us",

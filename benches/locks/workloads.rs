@@ -3,6 +3,7 @@
 
 mod contended;
 mod floor;
+mod rw;
 mod scale;
 mod uncontended;
 
@@ -12,6 +13,7 @@ use tokio::time::Instant;
 
 pub use contended::{contended, hot_lock, semaphore};
 pub use floor::{ceiling, floor};
+pub use rw::read_heavy;
 pub use scale::{cluster_rows, waiters_scale, watchdog_scale};
 pub use uncontended::{redlock_quorum, uncontended};
 
