@@ -1,7 +1,7 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
 -- while its previous call was in flight. prelude.lua and the files of the functions it runs are
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
--- fair_acquire.lua, fair_release.lua, fair_leave.lua.
+-- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
@@ -15,7 +15,9 @@
 --                                  also queues the owner on refusal; 'g' and 'G' on a quorum
 --   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
 --   'u', the same                  as 'r', waking every waiter
---   'x', the same                  with KEYS reader, readers: a read hold (wakes every waiter)
+--   'x', the same                  with KEYS reader, readers: a read hold (wakes one writer)
+--   'o', the same                  with KEYS write, waiting: a write hold (rw_write_release.lua)
+--   'm', the same                  with KEYS waiting, write: a waiting writer's mark (rw_unmark.lua)
 --   'h', the same                  with KEYS lock, queue: a fair lock (fair_release.lua)
 --   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves (fair_leave.lua)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
@@ -60,8 +62,20 @@ for i = 1, tonumber(ARGV[1]) do
       reply = {reply}
     end
     k = k + 3
+  elseif op == 'o' then
+    ok, reply = pcall(release_write, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+    if ok then
+      reply = {reply}
+    end
+    k = k + 2
+  elseif op == 'm' then
+    ok, reply = pcall(rw_unmark, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+    if ok then
+      reply = {reply}
+    end
+    k = k + 2
   elseif op == 'x' then
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '*', KEYS[k + 1])
+    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
     if ok then
       reply = {reply}
     end

@@ -23,6 +23,7 @@ redis.call('DEL', KEYS[2], KEYS[3])
 if removed == 0 then
   return 0
 end
--- Every waiter: readers and writers may both go ahead now.
+-- Every waiter: writers wait on the channel, readers on the channel followed by `:r`.
 redis.call(ARGV[2], ARGV[1], '*')
+redis.call(ARGV[2], ARGV[1] .. ':r', '*')
 return 1

@@ -261,7 +261,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 ..
             } => {
                 let code = match kind {
-                    Kind::Plain | Kind::Mark | Kind::Waiter(_) => {
+                    Kind::Plain | Kind::Mark(_) | Kind::Waiter(_) => {
                         keys.extend([Key::from(&**lock), Key::from(&**fence)]);
                         if *in_step {
                             "q"
@@ -309,7 +309,14 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 keys.push(Key::from(&**lock));
                 let code = match kind {
                     Kind::Plain => "r",
-                    Kind::Write { .. } | Kind::Mark => "u",
+                    Kind::Write { rw, .. } => {
+                        keys.push(Key::from(&*rw.waiting));
+                        "o"
+                    }
+                    Kind::Mark(rw) => {
+                        keys.push(Key::from(&*rw.write));
+                        "m"
+                    }
                     Kind::Read(rw) => {
                         keys.push(Key::from(&*rw.readers));
                         "x"

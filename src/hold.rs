@@ -257,7 +257,7 @@ impl Holds {
                         confirmed: None,
                     }),
                     label: telemetry::label(&keys.name, self.names_in_metrics),
-                    counted: !matches!(keys.kind, Kind::Mark | Kind::Waiter(_)),
+                    counted: !matches!(keys.kind, Kind::Mark(_) | Kind::Waiter(_)),
                 })
             })
             .clone()

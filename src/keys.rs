@@ -25,7 +25,7 @@ pub(crate) enum Kind {
     Read(Arc<RwKeys>),
     /// A waiting writer's mark (`lock` is the waiting writers' hash, the field the owner id):
     /// renewed by the watchdog while the writer waits, released when it stops.
-    Mark,
+    Mark(Arc<RwKeys>),
     /// A fair lock (`lock` is its hash). `enqueue`: a refusal puts the owner in the queue (set for
     /// a caller that will wait).
     Fair { fair: Arc<FairKeys>, enqueue: bool },
@@ -97,7 +97,10 @@ pub(crate) struct RwKeys {
     pub(crate) readers: Arc<str>,
     /// The waiting writers' hash.
     pub(crate) waiting: Arc<str>,
+    /// Where writers wait: every release of a hold of this lock is announced here.
     pub(crate) channel: Arc<str>,
+    /// Where readers wait: `channel` followed by `:r` (see `scripts/rw_write_release.lua`).
+    pub(crate) read_channel: Arc<str>,
 }
 
 impl RwKeys {
@@ -109,6 +112,7 @@ impl RwKeys {
             readers: format!("{write}:readers").into(),
             waiting: format!("{write}:writers").into(),
             channel: format!("{write}:released").into(),
+            read_channel: format!("{write}:released:r").into(),
             write: write.into(),
         }
     }
@@ -151,18 +155,27 @@ impl RwKeys {
     }
 
     /// The keys of a waiting writer's mark.
-    pub(crate) fn mark(&self) -> LockKeys {
+    pub(crate) fn mark(self: &Arc<Self>) -> LockKeys {
         LockKeys {
             name: self.name.clone(),
             lock: self.waiting.clone(),
             fence: self.fence.clone(),
             channel: self.channel.clone(),
-            kind: Kind::Mark,
+            kind: Kind::Mark(self.clone()),
         }
     }
 }
 
 impl LockKeys {
+    /// The channel a waiter of these keys waits on: a reader of a read-write lock waits apart from
+    /// its writers; every other waiter on the channel its holder's release announces.
+    pub(crate) fn wait_channel(&self) -> &Arc<str> {
+        match &self.kind {
+            Kind::Read(rw) => &rw.read_channel,
+            _ => &self.channel,
+        }
+    }
+
     /// The keys of one permit holder of the semaphore `sem` (see [`SemaphoreKeys`]): its holder key
     /// stands where a lock hash would (renewed and released the same way), the index where the
     /// fence would (in the same slot; a release does not touch it), and the semaphore's channel.

@@ -306,8 +306,21 @@ impl Lock {
         let mut mark: Option<LockGuard> = None;
         // Counted in `relock_waiters` from the first refusal on.
         let mut waiting: Option<Waiting> = None;
-        // Subscribed lazily, on the first refusal; dropped (unsubscribed) with this future.
+        // Subscribed lazily, on the first refusal, or now if others wait already (then a refusal
+        // needs no second attempt: no release is missed); dropped (unsubscribed) with this future.
         let mut subscriptions: Vec<Subscription> = Vec::new();
+        if !matches!(wait, Wait::Once) {
+            let joined: Vec<Subscription> = self
+                .core
+                .masters
+                .nodes
+                .iter()
+                .map_while(|node| node.waiters.join_if_live(keys.wait_channel(), name))
+                .collect();
+            if joined.len() == self.core.masters.nodes.len() {
+                subscriptions = joined;
+            }
+        }
         let mut armed: Vec<Armed> = Vec::new();
         // The release message this waiter was woken by, until an attempt used it.
         let mut wake_up = WakeUp(None);
@@ -351,7 +364,7 @@ impl Lock {
             if subscriptions.is_empty() {
                 let mut confirmed = true;
                 for node in &self.core.masters.nodes {
-                    let (subscription, wake, ok) = node.waiters.subscribe(&keys.channel, name);
+                    let (subscription, wake, ok) = node.waiters.subscribe(keys.wait_channel(), name);
                     subscriptions.push(subscription);
                     armed.push(wake);
                     confirmed &= ok;

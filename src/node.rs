@@ -515,7 +515,7 @@ impl Node {
                     .to_vec(),
                 args,
             ),
-            Kind::Plain | Kind::Mark | Kind::Fair { .. } | Kind::Waiter(_) => {
+            Kind::Plain | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
                 // A fair lock's waiters are woken by name, only the head: here, all of them.
                 let message = if matches!(keys.kind, Kind::Plain) {
                     "1"
@@ -537,7 +537,7 @@ impl Node {
         let (rw, read) = match &keys.kind {
             Kind::Write { rw, .. } => (rw, false),
             Kind::Read(rw) => (rw, true),
-            Kind::Plain | Kind::Mark | Kind::Fair { .. } | Kind::Waiter(_) => {
+            Kind::Plain | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
                 let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
                 return Ok(found == 1);
             }

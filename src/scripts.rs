@@ -102,6 +102,8 @@ pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/release.lua"),
     include_str!("../scripts/rw_read.lua"),
     include_str!("../scripts/rw_write.lua"),
+    include_str!("../scripts/rw_write_release.lua"),
+    include_str!("../scripts/rw_unmark.lua"),
     include_str!("../scripts/fair_acquire.lua"),
     include_str!("../scripts/fair_release.lua"),
     include_str!("../scripts/fair_leave.lua"),

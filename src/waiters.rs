@@ -188,6 +188,25 @@ impl Waiters {
         (subscription, notified, confirmed)
     }
 
+    /// [`subscribe`](Waiters::subscribe), but only if the channel's subscription is confirmed
+    /// already (others wait on it): then no release is missed from now on, so a waiter that
+    /// subscribes before its first attempt need not try again at once after a refusal. Costs no
+    /// command to Redis.
+    pub(crate) fn join_if_live(&self, channel: &Arc<str>, name: Option<&Arc<str>>) -> Option<Subscription> {
+        if !self
+            .shared
+            .channels
+            .lock()
+            .get(channel)
+            .is_some_and(|entry| entry.confirmed)
+        {
+            return None;
+        }
+        let (subscription, _, confirmed) = self.subscribe(channel, name);
+        // Unconfirmed meanwhile (a reconnect): as if not joined; dropping it gives the interest up.
+        confirmed.then_some(subscription)
+    }
+
     /// Wakes every waiter of every channel (shutdown).
     pub(crate) fn wake_all(&self) {
         wake_all(&self.shared);

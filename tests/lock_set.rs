@@ -199,11 +199,11 @@ async fn a_set_spans_cluster_slots_and_quorum_masters() {
         .lock_config(config());
     let multi = MultiLock::connect_with(&urls, quorum).await.expect("masters");
     let guard = multi.lock_all(&refs).acquire().await.expect("quorum");
-    // A majority granted each name; the last master's grant may land a moment later.
-    for server in &servers {
-        for name in &names {
-            assert!(support::eventually(Duration::from_secs(2), || server.exists(&lock_key(name))).await);
-        }
+    // Each name is held on a majority of the masters (the last one's request may never be sent
+    // once a majority granted).
+    for name in &names {
+        let on = servers.iter().filter(|s| s.exists(&lock_key(name))).count();
+        assert!(on >= 2, "{name} on {on} of 3 masters");
     }
     guard.release().await.unwrap();
     multi.shutdown().await;
