@@ -15,6 +15,22 @@
 //! `RELOCK_CHAOS_ITEMS` (default 3) is the number of locks contended for, `RELOCK_CHAOS_THINK_MS`
 //! (default 20) the longest pause between a holder's read and its write.
 //!
+//! The lock's family has its own workloads (see `family.rs`): tasks that take and give back a
+//! semaphore's permits, and tasks that arm, count down and wait for countdown latches, checked for
+//! (f) valid permits never over N (and all of them free at the end) and (g) no waiter released
+//! before the count reached zero. In `cargo test`, both run together, short, on one Redis and on a
+//! primary with a replica (neither primitive is offered on a `MultiLock`, and neither waits for
+//! replicas, so a synced or cluster failover would be outside their guarantees). A long run:
+//!
+//! ```sh
+//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture chaos_semaphore_and_latch
+//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture \
+//!     chaos_semaphore_and_latch_primary_with_replica    # one topology
+//! ```
+//!
+//! `RELOCK_CHAOS_THINK_MS` also bounds a short permit hold (4 times it); `RELOCK_CHAOS_SEED`
+//! replays a family run's schedule as it does a lock run's.
+//!
 //! Each run ends with one summary line: operations, faults by kind, each check's count, and
 //! `violations: N`. The history is kept in `target/tmp/chaos-*`.
 
