@@ -13,8 +13,10 @@
 //!   the check is the one the timestamps prove: a round armed by a `set_count` answered before a
 //!   wait began cannot be open when the wait returns unless as many `count_down` calls as its count
 //!   were *sent* before that return (and not answered before the round's `set_count` was sent).
-//!   Calls without a reply (errors, killed workers) count as arrivals: the check errs on the
-//!   lenient side, never the strict one.
+//!   A call that failed may still land, at any time after it was sent (a client resends it after a
+//!   reconnect, also when its caller has had `Error::Timeout`: seen in a run, landing 1.4 s after
+//!   the error); those, and calls of killed workers, count as arrivals at any time after they were
+//!   sent: the check errs on the lenient side, never the strict one.
 //!
 //! After a fault outside the guarantees (a lone Redis restarted empty, an asynchronous replica
 //! promoted), the semaphore's and the latch's state may be gone: what follows is counted apart, as
@@ -405,6 +407,16 @@ struct Call {
     reply: Option<String>,
 }
 
+impl Call {
+    /// When the call had surely landed: its successful reply. A failed call may land later.
+    fn landed_by(&self) -> Option<u64> {
+        match &self.reply {
+            Some(reply) if !reply.starts_with("err:") => self.replied,
+            _ => None,
+        }
+    }
+}
+
 /// (g), per latch (see the module doc for the rule and its slack).
 fn check_latches(events: &[&Event], harness: &Harness, report: &mut Report) {
     let mut pending: HashMap<(u32, u32), (u32, Call)> = HashMap::new();
@@ -467,7 +479,7 @@ fn check_latches(events: &[&Event], harness: &Harness, report: &mut Report) {
             let arrivals_by = |t: u64| {
                 downs
                     .iter()
-                    .filter(|d| d.sent < t && d.replied.is_none_or(|r| r >= round.sent))
+                    .filter(|d| d.sent < t && d.landed_by().is_none_or(|r| r >= round.sent))
                     .count() as u64
             };
             if arrivals_by(wait.sent) < round.arg {
@@ -627,5 +639,27 @@ mod tests {
             (0, 1),
             "{report}"
         );
+        // A count down that failed before the round was armed may land in it all the same (resent
+        // after a reconnect): it counts. One answered before the round was armed does not.
+        let failed_before = |answer: &str| {
+            vec![
+                call(5, 0, Op::CountDown, 0),
+                reply(5, MS, answer),
+                call(1, 2 * MS, Op::Set, 2),
+                reply(1, 3 * MS, "true"),
+                call(2, 10 * MS, Op::Wait, 1000),
+                call(3, 20 * MS, Op::CountDown, 0),
+                reply(3, 21 * MS, "1"),
+                reply(2, 30 * MS, "true"),
+            ]
+        };
+        let harness = Harness {
+            end: 100 * MS,
+            ..Harness::default()
+        };
+        let report = crate::history::check(&failed_before("err:timeout"), &harness);
+        assert_eq!(report.family.released_early, 0, "{report}");
+        let report = crate::history::check(&failed_before("1"), &harness);
+        assert_eq!(report.family.released_early, 1, "{report}");
     }
 }
