@@ -354,12 +354,12 @@ async fn chaos_cluster_with_synced_replicas() {
 /// released before its round's count could have reached zero.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_semaphore_and_latch_single_redis() {
-    run_workloads(Topology::Single, &[Workload::Semaphore, Workload::Latch], 14).await;
+    run_workloads(Topology::Single, &[Workload::Semaphore, Workload::Latch], 13).await;
 }
 
 /// The same on a primary with an asynchronous replica: neither primitive waits for replicas, so a
 /// failover is outside their guarantees (counted apart), the other faults are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_semaphore_and_latch_primary_with_replica() {
-    run_workloads(Topology::Replicated, &[Workload::Semaphore, Workload::Latch], 14).await;
+    run_workloads(Topology::Replicated, &[Workload::Semaphore, Workload::Latch], 13).await;
 }
