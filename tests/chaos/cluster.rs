@@ -9,11 +9,11 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::history::{Event, Kind, Store};
+use crate::history::{Event, Kind, On, Store};
 use crate::support::proxy::Proxy;
 use crate::support::topologies::RedisCluster;
 use crate::support::RedisServer;
-use crate::worker::Settings;
+use crate::worker::{Settings, Workload};
 use crate::Topology;
 
 /// Where a worker task is in its critical section.
@@ -24,8 +24,8 @@ pub enum Phase {
     Thinking,
 }
 
-/// The harness's live view: worker id -> task -> (item, phase).
-pub type Live = Arc<Mutex<HashMap<u32, HashMap<u32, (u32, Phase)>>>>;
+/// The harness's live view: worker id -> task -> (lock or semaphore, item, phase).
+pub type Live = Arc<Mutex<HashMap<u32, HashMap<u32, (On, u32, Phase)>>>>;
 
 pub struct WorkerProcess {
     pub id: u32,
@@ -119,6 +119,19 @@ impl Cluster {
         self.template.items
     }
 
+    /// What the workers exercise.
+    pub fn workloads(&self) -> &[Workload] {
+        &self.template.workloads
+    }
+
+    /// A direct address of the lock servers (no proxy): the current primary, or the cluster.
+    pub fn admin_url(&self) -> String {
+        match &self.redis_cluster {
+            Some(cluster) => cluster.url(),
+            None => self.servers[self.primary].url(),
+        }
+    }
+
     /// Starts a worker process in `slot`, talking to the servers through that slot's proxies.
     pub fn spawn_worker(&mut self, slot: usize) {
         let id = self.next_id;
@@ -181,8 +194,8 @@ impl Cluster {
         }
     }
 
-    /// What the worker in `slot` holds now, by its lines: (item, phase) per task.
-    pub fn holding(&self, slot: usize) -> Vec<(u32, Phase)> {
+    /// What the worker in `slot` holds now, by its lines: (lock or semaphore, item, phase) per task.
+    pub fn holding(&self, slot: usize) -> Vec<(On, u32, Phase)> {
         let Some(worker) = &self.workers[slot] else {
             return Vec::new();
         };
@@ -221,9 +234,14 @@ impl Cluster {
         killed
     }
 
-    /// Keys on the lock servers other than fence counters.
+    /// Keys on the lock servers other than fence counters, semaphore indexes (which keep the number
+    /// of permits; a holder's key is checked) and latches (which have no lease: one still counting
+    /// at the end stays).
     pub fn keys_left(&self) -> Vec<String> {
         crate::support::keys_besides_fences(&self.lock_servers(), "*")
+            .into_iter()
+            .filter(|key| !key.ends_with(":sem") && !key.ends_with(":latch"))
+            .collect()
     }
 }
 
@@ -243,18 +261,19 @@ pub fn signal(pid: i32, signal: libc::c_int) {
 fn follow(live: &Live, event: &Event) {
     let mut live = live.lock().unwrap();
     let tasks = live.entry(event.worker).or_default();
+    let held = |phase| (event.on, event.item, phase);
     match event.kind {
-        Kind::Grant { .. } => {
-            tasks.insert(event.task, (event.item, Phase::Held));
+        Kind::Grant { .. } | Kind::Permit { .. } => {
+            tasks.insert(event.task, held(Phase::Held));
         }
         Kind::Read {
             store: Store::Accepted { .. },
             ..
         } => {
-            tasks.insert(event.task, (event.item, Phase::Thinking));
+            tasks.insert(event.task, held(Phase::Thinking));
         }
         Kind::Write { .. } => {
-            tasks.insert(event.task, (event.item, Phase::Held));
+            tasks.insert(event.task, held(Phase::Held));
         }
         Kind::Lost | Kind::Release(_) => {
             tasks.remove(&event.task);

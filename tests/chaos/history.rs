@@ -5,7 +5,8 @@
 //! faults outside the guarantees). The checker rebuilds every critical section from the lines and
 //! reports (a) overlaps of sections whose lease was still valid, by the library's own `validity()`,
 //! (b) overlaps of sections past their lease and whether fencing caught them, (c) oversell and lost
-//! updates in the store, (d) how long locks of crashed holders took to be granted again.
+//! updates in the store, (d) how long locks of crashed holders took to be granted again. The lines
+//! of the semaphore and latch workloads are checked in `family.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -42,6 +43,46 @@ impl fmt::Display for Store {
     }
 }
 
+/// Which primitive a line is about: its item is a lock, a semaphore or a latch of that number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum On {
+    Lock,
+    Semaphore,
+    Latch,
+}
+
+impl On {
+    /// Written before the item's number (nothing for a lock, so that lock lines read as before).
+    fn tag(self) -> &'static str {
+        match self {
+            On::Lock => "",
+            On::Semaphore => "s",
+            On::Latch => "l",
+        }
+    }
+}
+
+/// A latch call, written when it is sent (its `Reply` follows on the task's next line).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// `set_count(arg)`.
+    Set,
+    /// `count_down()`.
+    CountDown,
+    /// `wait_for(arg ms)`.
+    Wait,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Set => "set",
+            Op::CountDown => "down",
+            Op::Wait => "wait",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
     /// The lock was granted; `valid_ns` is `validity()` read right after `t`.
@@ -62,6 +103,16 @@ pub enum Kind {
     Releasing,
     /// The guard's release began at `t`; its outcome.
     Release(String),
+    /// Semaphore: `permits` permits were granted; `valid_ns` is `validity()` read right after `t`.
+    /// `Busy`, `Error`, `Lost`, `Releasing` and `Release` follow as for a lock.
+    Permit { permits: u64, valid_ns: u64 },
+    /// Semaphore: the holder's `validity()` at `t`, read in the middle of its hold.
+    Holding { valid_ns: u64 },
+    /// Latch: a call sent at `t` (`t` is read before the call leaves).
+    Call { op: Op, arg: u64 },
+    /// Latch: the reply to the task's last call, received at `t`: `true`/`false` (set, wait), the
+    /// count left (count down), or `err:...`.
+    Reply(String),
 }
 
 /// One line of the history.
@@ -69,6 +120,7 @@ pub enum Kind {
 pub struct Event {
     pub worker: u32,
     pub task: u32,
+    pub on: On,
     pub item: u32,
     pub t: u64,
     pub kind: Kind,
@@ -76,7 +128,15 @@ pub struct Event {
 
 impl fmt::Display for Event {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "EV {} {} {} {} ", self.worker, self.task, self.item, self.t)?;
+        write!(
+            f,
+            "EV {} {} {}{} {} ",
+            self.worker,
+            self.task,
+            self.on.tag(),
+            self.item,
+            self.t
+        )?;
         match &self.kind {
             Kind::Grant { token, valid_ns } => write!(f, "grant {token} {valid_ns}"),
             Kind::Busy => write!(f, "busy"),
@@ -86,6 +146,10 @@ impl fmt::Display for Event {
             Kind::Lost => write!(f, "lost"),
             Kind::Releasing => write!(f, "releasing"),
             Kind::Release(outcome) => write!(f, "rel {outcome}"),
+            Kind::Permit { permits, valid_ns } => write!(f, "permit {permits} {valid_ns}"),
+            Kind::Holding { valid_ns } => write!(f, "holding {valid_ns}"),
+            Kind::Call { op, arg } => write!(f, "call {} {arg}", op.name()),
+            Kind::Reply(outcome) => write!(f, "reply {outcome}"),
         }
     }
 }
@@ -95,8 +159,15 @@ impl Event {
     pub fn parse(line: &str) -> Option<Event> {
         let at = line.find("EV ")?;
         let mut words = line[at + 3..].split_whitespace();
-        let mut num = || words.next()?.parse::<u64>().ok();
-        let (worker, task, item, t) = (num()? as u32, num()? as u32, num()? as u32, num()?);
+        let (worker, task) = (words.next()?.parse().ok()?, words.next()?.parse().ok()?);
+        let item = words.next()?;
+        let (on, item) = match item.as_bytes().first() {
+            Some(b's') => (On::Semaphore, &item[1..]),
+            Some(b'l') => (On::Latch, &item[1..]),
+            _ => (On::Lock, item),
+        };
+        let item = item.parse().ok()?;
+        let t = words.next()?.parse().ok()?;
         let mut words = line[at + 3..].split_whitespace().skip(4);
         let kind = words.next()?;
         let rest: Vec<&str> = words.collect();
@@ -128,11 +199,24 @@ impl Event {
             "lost" => Kind::Lost,
             "releasing" => Kind::Releasing,
             "rel" => Kind::Release(rest.join(" ")),
+            "permit" => Kind::Permit {
+                permits: n(0)?,
+                valid_ns: n(1)?,
+            },
+            "holding" => Kind::Holding { valid_ns: n(0)? },
+            "call" => Kind::Call {
+                op: [Op::Set, Op::CountDown, Op::Wait]
+                    .into_iter()
+                    .find(|op| Some(op.name()) == rest.first().copied())?,
+                arg: n(1)?,
+            },
+            "reply" => Kind::Reply(rest.join(" ")),
             _ => return None,
         };
         Some(Event {
             worker,
             task,
+            on,
             item,
             t,
             kind,
@@ -140,12 +224,13 @@ impl Event {
     }
 }
 
-/// A holder that crashed (SIGKILL) or stalled past its lease (SIGSTOP) while holding `items`.
+/// A holder that crashed (SIGKILL) or stalled past its lease (SIGSTOP) while holding `items`
+/// (locks, or semaphores it had permits of).
 #[derive(Debug, Clone)]
 pub struct Crash {
     pub worker: u32,
     pub t: u64,
-    pub items: Vec<u32>,
+    pub items: Vec<(On, u32)>,
     /// Whether the process was killed (its open sections end here) or only stopped.
     pub killed: bool,
 }
@@ -164,19 +249,26 @@ pub struct Harness {
     pub final_stock: HashMap<u32, (i64, i64)>,
     /// The liveness bound: lease + 1 s.
     pub liveness_ns: u64,
+    /// Per semaphore, its number of permits.
+    pub permits: BTreeMap<u32, u64>,
+    /// Per semaphore, the permits `available()` reported once every holder had stopped and a lease
+    /// had passed (a crashed holder's permits must be back by then).
+    pub permits_at_end: BTreeMap<u32, u64>,
 }
 
-/// One owner's possession of one lock, rebuilt from the history.
+/// One owner's possession of one lock (or of permits of one semaphore), rebuilt from the history.
 #[derive(Debug, Clone)]
-struct Section {
-    worker: u32,
-    item: u32,
+pub struct Section {
+    pub worker: u32,
+    pub item: u32,
     token: u64,
-    start: u64,
+    /// 1 for a lock; the permits held for a semaphore.
+    pub permits: u64,
+    pub start: u64,
     /// Release, loss, crash or the end of the run.
-    end: u64,
+    pub end: u64,
     /// The last moment the library still called the lease valid.
-    valid_end: u64,
+    pub valid_end: u64,
     /// The fenced reads (false) and writes (true), in order.
     ops: Vec<(bool, Store)>,
 }
@@ -211,6 +303,8 @@ pub struct Report {
     pub worst_regrant_ms: u64,
     /// (e) keys left behind on the lock servers.
     pub keys_left: u64,
+    /// (f), (g) the semaphore's and the latch's checks.
+    pub family: crate::family::FamilyReport,
     pub examples: Vec<String>,
 }
 
@@ -223,9 +317,10 @@ impl Report {
             + self.lost_updates
             + self.liveness_misses
             + self.keys_left
+            + self.family.violations()
     }
 
-    fn example(&mut self, what: String) {
+    pub fn example(&mut self, what: String) {
         if self.examples.len() < 10 {
             self.examples.push(what);
         }
@@ -234,14 +329,33 @@ impl Report {
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // A run of the semaphore and latch workloads alone leaves out the lock's (a) to (d).
+        if self.family.is_empty() || self.acquisitions > 0 {
+            self.fmt_locks(f)?;
+        } else {
+            write!(f, "holder crashes {}; ", self.crashes)?;
+        }
+        if !self.family.is_empty() {
+            write!(f, "{}; ", self.family)?;
+        }
+        write!(
+            f,
+            "(e) keys left {}; violations: {}",
+            self.keys_left,
+            self.violations()
+        )
+    }
+}
+
+impl Report {
+    fn fmt_locks(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
              (a) valid overlaps {} (+{} after faults outside the guarantees); \
              (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {}; \
              (c) oversell {}, lost updates {}; \
-             (d) holder crashes {}, regranted late {}, worst {} ms; \
-             (e) keys left {}; violations: {}",
+             (d) holder crashes {}, regranted late {}, worst {} ms; ",
             self.acquisitions,
             self.grants,
             self.busy,
@@ -258,8 +372,6 @@ impl fmt::Display for Report {
             self.crashes,
             self.liveness_misses,
             self.worst_regrant_ms,
-            self.keys_left,
-            self.violations()
         )
     }
 }
@@ -267,15 +379,18 @@ impl fmt::Display for Report {
 /// Rebuilds the sections (events of one worker task are in order) and checks them.
 pub fn check(events: &[Event], harness: &Harness) -> Report {
     let mut report = Report::default();
-    let sections = sections(events, harness, &mut report);
+    let locks: Vec<Event> = events.iter().filter(|e| e.on == On::Lock).cloned().collect();
+    let sections = sections(&locks, harness, &mut report);
     check_overlaps(&sections, harness, &mut report);
     check_tokens(&sections, &mut report);
     check_store(&sections, harness, &mut report);
-    check_liveness(events, harness, &mut report);
+    check_liveness(&locks, harness, &mut report);
+    crate::family::check(events, harness, &mut report);
     report
 }
 
-fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Section> {
+/// The sections of `events` (of one primitive), counting the acquisitions into `report`.
+pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Section> {
     let kill_of = |worker: u32| {
         harness
             .crashes
@@ -315,6 +430,7 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
                         worker: ev.worker,
                         item: ev.item,
                         token: *token,
+                        permits: 1,
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
@@ -322,6 +438,32 @@ fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec<Sec
                     },
                 );
             }
+            Kind::Permit { permits, valid_ns } => {
+                report.acquisitions += 1;
+                report.grants += 1;
+                if let Some(stale) = open.remove(&key) {
+                    close(stale, ev.t, &mut done);
+                }
+                open.insert(
+                    key,
+                    Section {
+                        worker: ev.worker,
+                        item: ev.item,
+                        token: 0,
+                        permits: *permits,
+                        start: ev.t,
+                        end: u64::MAX,
+                        valid_end: ev.t + valid_ns,
+                        ops: Vec::new(),
+                    },
+                );
+            }
+            Kind::Holding { valid_ns } => {
+                if let Some(s) = open.get_mut(&key) {
+                    claim(s, *valid_ns);
+                }
+            }
+            Kind::Call { .. } | Kind::Reply(_) => {}
             Kind::Busy => {
                 report.acquisitions += 1;
                 report.busy += 1;
@@ -518,8 +660,12 @@ fn check_store(sections: &[Section], harness: &Harness, report: &mut Report) {
 
 fn check_liveness(events: &[Event], harness: &Harness, report: &mut Report) {
     for crash in &harness.crashes {
-        for item in &crash.items {
+        for (on, item) in &crash.items {
             report.crashes += 1;
+            if *on != On::Lock {
+                // A semaphore's permits come back by the end of the run: `family.rs` checks that.
+                continue;
+            }
             let regrant = events
                 .iter()
                 .filter(|e| e.item == *item && e.t > crash.t && matches!(e.kind, Kind::Grant { .. }))
@@ -590,17 +736,35 @@ fn events_round_trip_through_their_lines() {
         Kind::Lost,
         Kind::Releasing,
         Kind::Release("notheld".into()),
+        Kind::Permit {
+            permits: 2,
+            valid_ns: 1_900_000_000,
+        },
+        Kind::Holding { valid_ns: 0 },
+        Kind::Call { op: Op::Set, arg: 3 },
+        Kind::Call {
+            op: Op::CountDown,
+            arg: 0,
+        },
+        Kind::Call {
+            op: Op::Wait,
+            arg: 1500,
+        },
+        Kind::Reply("err:timed_out".into()),
     ];
     for kind in events {
-        let event = Event {
-            worker: 3,
-            task: 4,
-            item: 1,
-            t: 123,
-            kind,
-        };
-        let line = format!("test chaos_worker ... {event}");
-        assert_eq!(Event::parse(&line), Some(event));
+        for on in [On::Lock, On::Semaphore, On::Latch] {
+            let event = Event {
+                worker: 3,
+                task: 4,
+                on,
+                item: 1,
+                t: 123,
+                kind: kind.clone(),
+            };
+            let line = format!("test chaos_worker ... {event}");
+            assert_eq!(Event::parse(&line), Some(event));
+        }
     }
 }
 
@@ -609,6 +773,7 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
     let ev = |worker, t, kind| Event {
         worker,
         task: 0,
+        on: On::Lock,
         item: 0,
         t,
         kind,
@@ -795,7 +960,7 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
         crashes: vec![Crash {
             worker: 1,
             t: 100 * ms,
-            items: vec![1],
+            items: vec![(On::Lock, 1)],
             killed: true,
         }],
         ..Harness::default()

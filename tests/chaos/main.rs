@@ -15,6 +15,22 @@
 //! `RELOCK_CHAOS_ITEMS` (default 3) is the number of locks contended for, `RELOCK_CHAOS_THINK_MS`
 //! (default 20) the longest pause between a holder's read and its write.
 //!
+//! The lock's family has its own workloads (see `family.rs`): tasks that take and give back a
+//! semaphore's permits, and tasks that arm, count down and wait for countdown latches, checked for
+//! (f) valid permits never over N (and all of them free at the end) and (g) no waiter released
+//! before the count reached zero. In `cargo test`, both run together, short, on one Redis and on a
+//! primary with a replica (neither primitive is offered on a `MultiLock`, and neither waits for
+//! replicas, so a synced or cluster failover would be outside their guarantees). A long run:
+//!
+//! ```sh
+//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture chaos_semaphore_and_latch
+//! RELOCK_CHAOS_SECS=600 cargo test --release --test chaos -- --nocapture \
+//!     chaos_semaphore_and_latch_primary_with_replica    # one topology
+//! ```
+//!
+//! `RELOCK_CHAOS_THINK_MS` also bounds a short permit hold (4 times it); `RELOCK_CHAOS_SEED`
+//! replays a family run's schedule as it does a lock run's.
+//!
 //! Each run ends with one summary line: operations, faults by kind, each check's count, and
 //! `violations: N`. The history is kept in `target/tmp/chaos-*`.
 
@@ -22,6 +38,7 @@
 mod support;
 
 mod cluster;
+mod family;
 mod history;
 mod nemesis;
 mod store;
@@ -31,8 +48,8 @@ use std::time::Duration;
 
 use cluster::Cluster;
 use history::{now_ns, Harness, Report};
-use nemesis::Nemesis;
-use worker::Settings;
+use nemesis::{Fault, Nemesis};
+use worker::{Settings, Workload};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Topology {
@@ -130,15 +147,22 @@ fn plan(short_secs: u64) -> (Duration, u64) {
 }
 
 /// One chaos run; returns the report and the summary line.
-async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
+async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Report, String) {
     let (length, seed) = plan(short_secs);
+    // The lock's runs keep their old names; the others say what they ran.
+    let name = match workloads {
+        [Workload::Lock] => topology.name().to_string(),
+        _ => {
+            let names: Vec<&str> = workloads.iter().map(|w| w.name()).collect();
+            format!("{} {}", topology.name(), names.join("+"))
+        }
+    };
     println!(
-        "chaos {}: seed {seed} ({}s); replay with RELOCK_CHAOS_SEED={seed}",
-        topology.name(),
+        "chaos {name}: seed {seed} ({}s); replay with RELOCK_CHAOS_SEED={seed}",
         length.as_secs()
     );
-    let dir =
-        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chaos-{}-{seed}", topology.name()));
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("chaos-{}-{seed}", name.replace(' ', "-")));
     std::fs::create_dir_all(&dir).expect("history dir");
     let slots = 3;
     let items = env_or("RELOCK_CHAOS_ITEMS", 3) as u32;
@@ -153,6 +177,7 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
         tasks: 3,
         think: Duration::from_millis(env_or("RELOCK_CHAOS_THINK_MS", 20)),
         seed,
+        workloads: workloads.to_vec(),
     };
     let mut cluster = Cluster::start(topology, slots, template, dir.clone()).await;
     let admin = support::fred_client(&cluster.store.url()).await;
@@ -166,8 +191,18 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
         liveness_ns: (LEASE + Duration::from_secs(1)).as_nanos() as u64,
         ..Harness::default()
     };
+    if workloads.contains(&Workload::Semaphore) {
+        harness.permits = (0..family::SEMAPHORES)
+            .map(|i| (i, family::permits_of(i)))
+            .collect();
+    }
     let start = now_ns();
     let mut nemesis = Nemesis::new(seed, LEASE);
+    if workloads != [Workload::Lock] {
+        // The family's short runs are short: open them with a crashed holder (the lock's runs keep
+        // the schedules their seeds replay).
+        nemesis.opening = vec![Fault::KillHolder, Fault::StopHolder];
+    }
     // Faults stop a lease and some before the end, so that the end is judged on a healed system.
     let quiet_tail = LEASE + Duration::from_secs(2);
     let faults_until = start + length.saturating_sub(quiet_tail).as_nanos() as u64;
@@ -179,10 +214,28 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
     let killed = tokio::task::block_in_place(|| cluster.stop_workers(LEASE * 3 + Duration::from_secs(5)));
     // Keys of holders that were killed expire within the lease.
     tokio::time::sleep(LEASE + Duration::from_secs(1)).await;
-    for item in 0..items {
-        harness
-            .final_stock
-            .insert(item, store::totals(&admin, item).await);
+    if workloads.contains(&Workload::Lock) {
+        for item in 0..items {
+            harness
+                .final_stock
+                .insert(item, store::totals(&admin, item).await);
+        }
+    }
+    if !harness.permits.is_empty() {
+        // Asked of the servers directly: every permit of a holder that was killed is back by now.
+        let config = relock::LockConfig::default().key_prefix("chaos");
+        let client = relock::LockClient::connect_with(&cluster.admin_url(), config)
+            .await
+            .expect("admin client");
+        for (&i, &permits) in &harness.permits {
+            let free = client
+                .semaphore(&family::semaphore_name(i), permits)
+                .available()
+                .await
+                .expect("available");
+            harness.permits_at_end.insert(i, free);
+        }
+        client.shutdown().await;
     }
     let events = std::mem::take(&mut *cluster.events.lock().unwrap());
     let history: String = events.iter().map(|e| format!("{e}\n")).collect();
@@ -205,8 +258,7 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
         .map(|(fault, n)| format!("{} {n}", fault.name()))
         .collect();
     let summary = format!(
-        "chaos {} seed={seed} {}s: faults [{}]; {report}",
-        topology.name(),
+        "chaos {name} seed={seed} {}s: faults [{}]; {report}",
         length.as_secs(),
         faults.join(", ")
     );
@@ -222,10 +274,26 @@ async fn run(topology: Topology, short_secs: u64) -> (Report, String) {
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn run_and_check(topology: Topology, short_secs: u64) -> Report {
+    run_workloads(topology, &[Workload::Lock], short_secs).await
+}
+
+async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u64) -> Report {
     let _one_at_a_time = SERIAL.lock().await;
-    let (report, summary) = run(topology, short_secs).await;
+    let (report, summary) = run(topology, workloads, short_secs).await;
     assert_eq!(report.violations(), 0, "{summary}");
-    assert!(report.writes_accepted > 0, "nothing was sold: {summary}");
+    if workloads.contains(&Workload::Lock) {
+        assert!(report.writes_accepted > 0, "nothing was sold: {summary}");
+    }
+    if workloads.contains(&Workload::Semaphore) {
+        assert!(
+            report.family.permit_grants > 0,
+            "no permit was granted: {summary}"
+        );
+    }
+    if workloads.contains(&Workload::Latch) {
+        // The rule had something to judge: waits released after a round was armed.
+        assert!(report.family.waits_judged > 0, "no wait was judged: {summary}");
+    }
     assert!(
         report.crashes > 0 || std::env::var("RELOCK_CHAOS_SEED").is_ok(),
         "no holder crashed: {summary}"
@@ -279,4 +347,19 @@ async fn chaos_primary_with_synced_replica() {
 async fn chaos_cluster_with_synced_replicas() {
     let report = run_and_check(Topology::Cluster, 45).await;
     assert_eq!(report.valid_overlaps_unprotected, 0);
+}
+
+/// The semaphore and the latch on one Redis, in one run (their tasks share the worker processes
+/// and the faults): (f) valid permits never over N and none missing at the end, (g) no waiter
+/// released before its round's count could have reached zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_semaphore_and_latch_single_redis() {
+    run_workloads(Topology::Single, &[Workload::Semaphore, Workload::Latch], 13).await;
+}
+
+/// The same on a primary with an asynchronous replica: neither primitive waits for replicas, so a
+/// failover is outside their guarantees (counted apart), the other faults are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_semaphore_and_latch_primary_with_replica() {
+    run_workloads(Topology::Replicated, &[Workload::Semaphore, Workload::Latch], 13).await;
 }

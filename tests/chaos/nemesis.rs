@@ -4,7 +4,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::cluster::{signal, Cluster, Phase};
-use crate::history::{now_ns, Crash, Harness, Kind};
+use crate::history::{now_ns, Crash, Harness, Kind, On};
+use crate::worker::Workload;
 use crate::{Rng, Topology};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -85,6 +86,9 @@ pub struct Nemesis {
     rng: Rng,
     lease: Duration,
     pub injected: BTreeMap<Fault, u32>,
+    /// Faults to draw the first one from, until one of them hits (empty: the whole menu). A short
+    /// run has room for a few faults only: this makes sure a holder crashes in it.
+    pub opening: Vec<Fault>,
 }
 
 impl Nemesis {
@@ -93,6 +97,7 @@ impl Nemesis {
             rng: Rng::new(seed ^ 0x6e656d65736973),
             lease,
             injected: BTreeMap::new(),
+            opening: Vec::new(),
         }
     }
 
@@ -105,7 +110,11 @@ impl Nemesis {
                 .rng
                 .between(Duration::from_millis(200), Duration::from_millis(800));
             tokio::time::sleep(gap).await;
-            let menu = Fault::menu(cluster.topology);
+            let menu = if self.opening.is_empty() {
+                Fault::menu(cluster.topology)
+            } else {
+                self.opening.clone()
+            };
             let fault = menu[self.rng.below(menu.len() as u64) as usize];
             if matches!(fault, Fault::KillHolder | Fault::StopHolder) {
                 // A crashed holder's lock must be granted again within its lease: judge that on
@@ -114,6 +123,7 @@ impl Nemesis {
             }
             if self.inject(fault, cluster, harness).await {
                 *self.injected.entry(fault).or_default() += 1;
+                self.opening.clear();
             }
             healed = now_ns();
         }
@@ -335,33 +345,43 @@ impl Nemesis {
         }
     }
 
-    /// Cluster: the slot of a lock some worker holds now, else of a random item's lock.
+    /// Cluster: the slot of a lock (or semaphore) some worker holds now, else of a random item's lock.
     fn held_slot(&mut self, cluster: &Cluster) -> u16 {
-        let item = match self.holder(cluster, None) {
-            Some((_, items)) => items[0],
-            None => self.rng.below(u64::from(cluster.items())) as u32,
+        let name = match self.holder(cluster, None) {
+            Some((_, items)) => match items[0] {
+                (On::Semaphore, i) => crate::family::semaphore_name(i),
+                (_, i) => format!("item-{i}"),
+            },
+            None => format!("item-{}", self.rng.below(u64::from(cluster.items()))),
         };
         let redis = cluster.redis_cluster.as_ref().expect("cluster topology");
-        redis.slot(&format!("chaos:{{item-{item}}}"))
+        redis.slot(&format!("chaos:{{{name}}}"))
     }
 
-    /// A slot whose worker holds a lock (in `phase`, if given), and the items it holds.
-    fn holder(&mut self, cluster: &Cluster, phase: Option<Phase>) -> Option<(usize, Vec<u32>)> {
+    /// A slot whose worker holds a lock or permits (in `phase`, if given), and what it holds.
+    fn holder(&mut self, cluster: &Cluster, phase: Option<Phase>) -> Option<(usize, Vec<(On, u32)>)> {
         let slots = cluster.workers.len();
         let start = self.rng.below(slots as u64) as usize;
         (0..slots).map(|i| (start + i) % slots).find_map(|slot| {
             let held = cluster.holding(slot);
-            let wanted = phase.is_none_or(|p| held.iter().any(|h| h.1 == p));
-            (wanted && !held.is_empty()).then(|| (slot, held.iter().map(|h| h.0).collect()))
+            let wanted = phase.is_none_or(|p| held.iter().any(|h| h.2 == p));
+            (wanted && !held.is_empty()).then(|| (slot, held.iter().map(|h| (h.0, h.1)).collect()))
         })
     }
 }
 
 /// Waits (at most `bound`) until every live worker, and some worker on every item, has been granted
-/// a lock since `since`: a cluster reports itself settled before its clients have found the new
-/// slot owners (on a loaded machine, seconds later).
+/// a lock (or permits, in the semaphore workload) since `since`: a cluster reports itself settled
+/// before its clients have found the new slot owners (on a loaded machine, seconds later).
 async fn recovered(cluster: &Cluster, since: u64, bound: Duration) {
     let deadline = tokio::time::Instant::now() + bound;
+    let mut items = BTreeSet::new();
+    if cluster.workloads().contains(&Workload::Lock) {
+        items.extend((0..cluster.items()).map(|i| (On::Lock, i)));
+    }
+    if cluster.workloads().contains(&Workload::Semaphore) {
+        items.extend((0..crate::family::SEMAPHORES).map(|i| (On::Semaphore, i)));
+    }
     while tokio::time::Instant::now() < deadline {
         let workers: Vec<u32> = cluster.workers.iter().flatten().map(|w| w.id).collect();
         let (mut by_worker, mut by_item) = (BTreeSet::new(), BTreeSet::new());
@@ -370,12 +390,12 @@ async fn recovered(cluster: &Cluster, since: u64, bound: Duration) {
             if event.t + 1_000_000_000 < since {
                 break;
             }
-            if event.t > since && matches!(event.kind, Kind::Grant { .. }) {
+            if event.t > since && matches!(event.kind, Kind::Grant { .. } | Kind::Permit { .. }) {
                 by_worker.insert(event.worker);
-                by_item.insert(event.item);
+                by_item.insert((event.on, event.item));
             }
         }
-        if workers.iter().all(|w| by_worker.contains(w)) && by_item.len() == cluster.items() as usize {
+        if workers.iter().all(|w| by_worker.contains(w)) && by_item == items {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,5 +1,6 @@
 //! A worker process: its own lock clients and several tasks that sell from the fenced store under
-//! the locks, printing every step as an event line. It stops when its standard input closes.
+//! the locks (or use semaphores and latches, see `family.rs`), printing every step as an event
+//! line. It stops when its standard input closes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,8 +10,36 @@ use relock::{Error, Lock, LockClient, LockConfig, MultiLock, QuorumConfig};
 
 use crate::support::Locks;
 
-use crate::history::{now_ns, Event, Kind, Store};
+use crate::family::{self, LatchRole};
+use crate::history::{now_ns, Event, Kind, On, Store};
 use crate::{store, Rng, Topology};
+
+/// What the worker tasks exercise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Sell from the fenced store under the locks.
+    Lock,
+    /// Take and give back a semaphore's permits.
+    Semaphore,
+    /// Arm, count down and wait for countdown latches.
+    Latch,
+}
+
+impl Workload {
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Lock => "lock",
+            Workload::Semaphore => "semaphore",
+            Workload::Latch => "latch",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Workload> {
+        [Workload::Lock, Workload::Semaphore, Workload::Latch]
+            .into_iter()
+            .find(|w| w.name() == name)
+    }
+}
 
 /// What the harness passes to a worker, through its environment.
 #[derive(Debug, Clone)]
@@ -25,6 +54,7 @@ pub struct Settings {
     pub tasks: u32,
     pub think: Duration,
     pub seed: u64,
+    pub workloads: Vec<Workload>,
 }
 
 impl Settings {
@@ -40,6 +70,14 @@ impl Settings {
             ("RELOCK_CHAOS_TASKS", self.tasks.to_string()),
             ("RELOCK_CHAOS_THINK_MS", self.think.as_millis().to_string()),
             ("RELOCK_CHAOS_SEED", self.seed.to_string()),
+            (
+                "RELOCK_CHAOS_WORKLOADS",
+                self.workloads
+                    .iter()
+                    .map(|w| w.name())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
         ]
     }
 
@@ -57,6 +95,10 @@ impl Settings {
             tasks: num("RELOCK_CHAOS_TASKS")? as u32,
             think: Duration::from_millis(num("RELOCK_CHAOS_THINK_MS")?),
             seed: num("RELOCK_CHAOS_SEED")?,
+            workloads: var("RELOCK_CHAOS_WORKLOADS")?
+                .split(',')
+                .map(Workload::from_name)
+                .collect::<Option<_>>()?,
         })
     }
 }
@@ -115,26 +157,66 @@ pub async fn run(settings: Settings) {
         clients.push(Arc::new(locks));
     }
     let mut tasks = Vec::new();
-    let mut start = |task: u32, pace: Pace, locks: &Arc<Locks>| {
-        let rng = Rng::new(settings.seed ^ (u64::from(settings.id) << 32) ^ u64::from(task));
-        tasks.push(tokio::spawn(sell(
+    let rng = |task: u32| Rng::new(settings.seed ^ (u64::from(settings.id) << 32) ^ u64::from(task));
+    if settings.workloads.contains(&Workload::Lock) {
+        let mut start = |task: u32, pace: Pace, locks: &Arc<Locks>| {
+            tasks.push(tokio::spawn(sell(
+                settings.clone(),
+                task,
+                pace,
+                rng(task),
+                locks.clone(),
+                store.clone(),
+                stop.clone(),
+            )));
+        };
+        for (c, locks) in clients.iter().enumerate() {
+            for t in 0..settings.tasks {
+                start(c as u32 * settings.tasks + t, Pace::Short, locks);
+            }
+        }
+        // One long holder per worker, careful in some workers and naive in others.
+        let long = settings.clients * settings.tasks + settings.id % 2;
+        start(long, Pace::Long, &clients[0]);
+    }
+    // The family's tasks number from 100 (semaphore) and 200 (latch), apart from the lock's.
+    let one = |locks: &Arc<Locks>| match &**locks {
+        Locks::One(client) => client.clone(),
+        Locks::Quorum(_) => panic!("semaphores and latches are not offered on a MultiLock"),
+    };
+    if settings.workloads.contains(&Workload::Semaphore) {
+        for (c, locks) in clients.iter().enumerate() {
+            for t in 0..settings.tasks {
+                let task = 100 + c as u32 * settings.tasks + t;
+                let hold =
+                    family::hold_permits(settings.clone(), task, false, rng(task), one(locks), stop.clone());
+                tasks.push(tokio::spawn(hold));
+            }
+        }
+        // One long holder per worker, careful in some workers and naive in others.
+        let task = 100 + settings.clients * settings.tasks + settings.id % 2;
+        let hold = family::hold_permits(
             settings.clone(),
             task,
-            pace,
-            rng,
-            locks.clone(),
-            store.clone(),
+            true,
+            rng(task),
+            one(&clients[0]),
             stop.clone(),
-        )));
-    };
-    for (c, locks) in clients.iter().enumerate() {
-        for t in 0..settings.tasks {
-            start(c as u32 * settings.tasks + t, Pace::Short, locks);
+        );
+        tasks.push(tokio::spawn(hold));
+    }
+    if settings.workloads.contains(&Workload::Latch) {
+        use LatchRole::*;
+        for (i, role) in [Coordinator, Counter, Counter, Waiter, Waiter]
+            .into_iter()
+            .enumerate()
+        {
+            let task = 200 + i as u32;
+            let locks = &clients[i % clients.len()];
+            let run = family::use_latches(settings.clone(), task, role, rng(task), one(locks), stop.clone());
+            tasks.push(tokio::spawn(run));
         }
     }
-    // One long holder per worker, careful in some workers and naive in others.
-    let long = settings.clients * settings.tasks + settings.id % 2;
-    start(long, Pace::Long, &clients[0]);
     for task in tasks {
         task.await.expect("worker task");
     }
@@ -174,6 +256,7 @@ async fn sell(
         let event = Event {
             worker: settings.id,
             task,
+            on: On::Lock,
             item,
             t,
             kind,
