@@ -89,6 +89,12 @@ impl CountDownLatch {
     /// Counts one arrival; returns the count left (0 once the latch is open). At zero the latch
     /// opens and every waiter wakes. On an open latch it changes nothing. Within the command
     /// timeout.
+    ///
+    /// An error (a timeout, a dropped connection) does not say that the arrival was not counted:
+    /// the call may have landed, and the connection may still deliver it after the caller got the
+    /// error (the chaos harness saw one land 1.4 s after its caller's `Timeout`, resent on
+    /// reconnect). Each call carries an id, so it is counted once however often it lands; call
+    /// again only for an arrival that should count twice.
     pub async fn count_down(&self) -> Result<u64, Error> {
         self.check()?;
         let node = self.node();
