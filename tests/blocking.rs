@@ -13,15 +13,8 @@ use relock::blocking::{LockClient, MultiLock};
 use relock::{Error, LockConfig, Owner, QuorumConfig};
 use support::{lock_key, unique_name, RedisServer};
 
-fn fast_config() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 fn client(server: &RedisServer) -> LockClient {
-    LockClient::connect_with(&server.url(), fast_config()).expect("connect")
+    LockClient::connect_with(&server.url(), support::fast_config()).expect("connect")
 }
 
 /// `threads` threads, each acquiring `rounds` times a lock made by `lock`, counting the moments
@@ -264,7 +257,7 @@ fn a_multilock_over_three_servers() {
     let config = QuorumConfig::default()
         .node_timeout(Duration::from_millis(300))
         .restart_quarantine(false)
-        .lock_config(fast_config());
+        .lock_config(support::fast_config());
     let multi = MultiLock::connect_with(&urls, config).unwrap();
     assert_eq!(multi.masters(), 3);
     let name = unique_name("multi");

@@ -11,20 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use relock::{Error, LockClient, LockConfig};
+use relock::{Error, LockClient};
 use support::proxy::Proxy;
 use support::{unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn fast() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 async fn client(url: &str) -> LockClient {
-    LockClient::connect_with(url, fast()).await.expect("connect")
+    LockClient::connect_with(url, support::fast_config())
+        .await
+        .expect("connect")
 }
 
 fn queue_key(name: &str) -> String {

@@ -11,15 +11,8 @@ use relock::{Error, LockClient, LockConfig, LockGuard, Owner};
 use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn fast_config() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 async fn client(server: &RedisServer) -> LockClient {
-    LockClient::connect_with(&server.url(), fast_config())
+    LockClient::connect_with(&server.url(), support::fast_config())
         .await
         .expect("connect")
 }
@@ -109,7 +102,7 @@ async fn watchdog_keeps_the_lock_for_three_leases() {
     let client = client(&server).await;
     let name = unique_name("watchdog");
     let guard = client.lock(&name).acquire().await.unwrap();
-    let other = LockClient::connect_with(&server.url(), fast_config())
+    let other = LockClient::connect_with(&server.url(), support::fast_config())
         .await
         .unwrap();
     let start = Instant::now();
@@ -499,7 +492,7 @@ async fn script_flush_and_a_restart_are_survived() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_server_is_a_typed_error_within_the_bound() {
     let mut server = RedisServer::start();
-    let config = fast_config().command_timeout(Duration::from_millis(500));
+    let config = support::fast_config().command_timeout(Duration::from_millis(500));
     let client = LockClient::connect_with(&server.url(), config).await.unwrap();
     server.kill();
     let start = Instant::now();
@@ -515,7 +508,7 @@ async fn an_unreachable_server_is_a_typed_error_within_the_bound() {
     let paused = RedisServer::start();
     let client = LockClient::connect_with(
         &paused.url(),
-        fast_config().command_timeout(Duration::from_millis(500)),
+        support::fast_config().command_timeout(Duration::from_millis(500)),
     )
     .await
     .unwrap();

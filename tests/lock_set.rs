@@ -14,15 +14,10 @@ use support::topologies::RedisCluster;
 use support::{lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn config() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 async fn client(url: &str) -> LockClient {
-    LockClient::connect_with(url, config()).await.expect("connect")
+    LockClient::connect_with(url, support::fast_config())
+        .await
+        .expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,7 +191,7 @@ async fn a_set_spans_cluster_slots_and_quorum_masters() {
     // Seconds-old servers would sit out the restart quarantine at first.
     let quorum = QuorumConfig::default()
         .restart_quarantine(false)
-        .lock_config(config());
+        .lock_config(support::fast_config());
     let multi = MultiLock::connect_with(&urls, quorum).await.expect("masters");
     let guard = multi.lock_all(&refs).acquire().await.expect("quorum");
     // Each name is held on a majority of the masters (the last one's request may never be sent

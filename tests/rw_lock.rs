@@ -11,20 +11,15 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use relock::{Error, LockClient, LockConfig, MultiLock, Owner};
+use relock::{Error, LockClient, MultiLock, Owner};
 use support::proxy::Proxy;
 use support::{unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn fast() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 async fn client(url: &str) -> LockClient {
-    LockClient::connect_with(url, fast()).await.expect("connect")
+    LockClient::connect_with(url, support::fast_config())
+        .await
+        .expect("connect")
 }
 
 fn rw_key(name: &str) -> String {
@@ -423,7 +418,7 @@ async fn a_quorum_of_masters_keeps_readers_and_writers_apart() {
     let violations = Arc::new(AtomicI64::new(0));
     let mut tasks = Vec::new();
     for c in 0..2 {
-        let multi = MultiLock::connect(&urls, fast()).await.unwrap();
+        let multi = MultiLock::connect(&urls, support::fast_config()).await.unwrap();
         for t in 0..3 {
             let rw = multi.rw_lock(&name);
             let (inside, violations) = (inside.clone(), violations.clone());

@@ -14,13 +14,6 @@ use support::proxy::Proxy;
 use support::{unique_name, RedisServer};
 use tokio::time::Instant;
 
-fn fast() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 async fn client(url: &str, config: LockConfig) -> LockClient {
     LockClient::connect_with(url, config).await.expect("connect")
 }
@@ -33,7 +26,7 @@ async fn never_more_than_n_permits_are_held() {
     let most = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..3 {
-        let client = client(&server.url(), fast()).await;
+        let client = client(&server.url(), support::fast_config()).await;
         for _ in 0..4 {
             let semaphore = client.semaphore(&name, 3);
             let (inside, most) = (inside.clone(), most.clone());
@@ -59,7 +52,7 @@ async fn never_more_than_n_permits_are_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_permits_at_once_and_available() {
     let server = RedisServer::start();
-    let c = client(&server.url(), fast()).await;
+    let c = client(&server.url(), support::fast_config()).await;
     let semaphore = c.semaphore(&unique_name("pool"), 5);
     assert_eq!(semaphore.available().await.unwrap(), 5);
     let three = semaphore.acquire(3).await.unwrap();
@@ -123,8 +116,8 @@ async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_i
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port()).await;
     let name = unique_name("lease");
-    let holder = client(&proxy.url(), fast()).await;
-    let other = client(&server.url(), fast()).await;
+    let holder = client(&proxy.url(), support::fast_config()).await;
+    let other = client(&server.url(), support::fast_config()).await;
     let permit = holder.semaphore(&name, 1).acquire(1).await.unwrap();
     // Held across several leases by the watchdog.
     tokio::time::sleep(Duration::from_millis(4000)).await;
@@ -155,7 +148,7 @@ async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_disagree_on_the_permits_and_bad_input() {
     let server = RedisServer::start();
-    let c = client(&server.url(), fast()).await;
+    let c = client(&server.url(), support::fast_config()).await;
     let name = unique_name("n");
     let held = c.semaphore(&name, 3).acquire(1).await.unwrap();
     // Another number while permits are held: refused, nothing changed.
@@ -222,7 +215,7 @@ fn the_semaphore_follows_its_model_under_random_steps() {
     let clients: Vec<LockClient> = rt.block_on(async {
         let mut clients = Vec::new();
         for _ in 0..3 {
-            clients.push(client(&server.url(), fast()).await);
+            clients.push(client(&server.url(), support::fast_config()).await);
         }
         clients
     });

@@ -14,14 +14,6 @@ use tokio::time::Instant;
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 const PROMPT: Duration = Duration::from_secs(2);
 
-/// Short leases, so that a few seconds see several watchdog renewals.
-fn fast_config() -> LockConfig {
-    LockConfig::default()
-        .watchdog_timeout(Duration::from_millis(1500))
-        .renew_interval(Duration::from_millis(300))
-        .command_timeout(Duration::from_secs(2))
-}
-
 /// A connect that must fail: the error, after checking that it came within `PROMPT` and is not bad input.
 async fn failed_connect(url: &str) -> Error {
     let start = Instant::now();
@@ -133,7 +125,7 @@ async fn locks_work_over_tls_with_a_private_ca_through_from_fred() {
     hold_reenter_and_hand_over(&client, exists).await;
     client.shutdown().await;
 
-    let client = LockClient::from_fred(fred_tls_client(&server), fast_config())
+    let client = LockClient::from_fred(fred_tls_client(&server), support::fast_config())
         .await
         .expect("connect over TLS");
     hold_across_renewals(&client, pttl).await;
@@ -200,7 +192,7 @@ async fn rediss_url_connects_to_a_server_the_system_trusts() {
 #[ignore = "run by rediss_url_connects_to_a_server_the_system_trusts, with the test CA trusted"]
 async fn rediss_child() {
     let url = std::env::var("RELOCK_TLS_CHILD_URL").expect("RELOCK_TLS_CHILD_URL");
-    let client = LockClient::connect_with(&url, fast_config())
+    let client = LockClient::connect_with(&url, support::fast_config())
         .await
         .expect("connect with rediss://");
     let guard = client
@@ -315,7 +307,7 @@ async fn a_minimal_acl_user_can_do_everything() {
     drop(guard);
     client.shutdown().await;
 
-    let client = LockClient::connect_with(&url, fast_config())
+    let client = LockClient::connect_with(&url, support::fast_config())
         .await
         .expect("connect as the minimal user");
     hold_across_renewals(&client, pttl).await;

@@ -15,6 +15,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Short leases, so that a few seconds see several watchdog renewals and a lost lease is noticed
+/// within seconds: a 1.5 s watchdog lease renewed every 300 ms, requests bounded at 2 s.
+pub fn fast_config() -> relock::LockConfig {
+    relock::LockConfig::default()
+        .watchdog_timeout(Duration::from_millis(1500))
+        .renew_interval(Duration::from_millis(300))
+        .command_timeout(Duration::from_secs(2))
+}
+
 /// A redis-server of this test alone, killed and cleaned up on drop.
 pub struct RedisServer {
     child: Option<Child>,
