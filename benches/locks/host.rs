@@ -63,6 +63,32 @@ pub fn command_calls(server: &RedisServer) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// Calls per command between two `INFO commandstats` readings, the bench's own `INFO` left out,
+/// most called first.
+pub fn calls_delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
+    let mut delta: Vec<(String, u64)> = after
+        .iter()
+        .filter(|(name, _)| name != "info")
+        .map(|(name, calls)| {
+            let was = before.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
+            (name.clone(), calls.saturating_sub(was))
+        })
+        .filter(|(_, calls)| *calls > 0)
+        .collect();
+    delta.sort_by_key(|c| std::cmp::Reverse(c.1));
+    delta
+}
+
+/// The commands per section, by command: where the server's work goes.
+pub fn per_section(calls: &[(String, u64)], sections: u64) -> String {
+    let n = sections.max(1) as f64;
+    let each: Vec<String> = calls
+        .iter()
+        .map(|(name, c)| format!("{name} {:.2}", *c as f64 / n))
+        .collect();
+    format!("commands per section: {}", each.join(", "))
+}
+
 /// Calls of every command but `INFO` (which the bench itself sends to read these figures).
 pub fn commands_besides_info(server: &RedisServer) -> u64 {
     command_calls(server)

@@ -30,7 +30,10 @@
 //!   (no peer has one: judged against the ideal of 10,000 sections/s); and its read-write lock,
 //!   read-heavy: 64 tasks over 4 clients, each section a read with probability 95 % (else a
 //!   write), 1 ms sections, beside the plain lock running the same draws (every section
-//!   exclusive), with the ratios of the two from the same run.
+//!   exclusive), with the ratios of the two from the same run; and the fair lock handoff: the hot
+//!   lock's 64 contenders over 4 clients with 1 ms sections on `fair_lock(name)` and on the plain
+//!   `lock(name)`, with the longest wait (in µs and in sections), the idle gap in round trips of
+//!   the bare `TcpStream` loop, Redis's commands per section by command and the fair/plain ratios.
 //!
 //! Every throughput row (uncontended, contended, hot lock, redlock, cluster uncontended, floor)
 //! also reports Redis's CPU time and commands per cycle (or section), summed over the servers of
@@ -197,6 +200,7 @@ fn main() {
                 Group::Family => {
                     workloads::semaphore(&mode, &server, &mut rows).await;
                     workloads::read_heavy(&mode, &server, &mut rows).await;
+                    workloads::fair_handoff(&mode, &server, &mut rows).await;
                 }
             }
         }

@@ -285,7 +285,11 @@ ran, the share of the run the lock was held; a wait still open at the end of the
 it was then, so a `wait_p99_us` near the run time means some contenders waited the whole run. RW lock, \
 read-heavy: the same section; `mean_holders` is sections/s times the mean section as it ran (how many \
 held it at once); `write_share` the share of sections that were writes; `*_vs_plain` the read-write \
-lock's figure over the plain lock's of the same run. One \
+lock's figure over the plain lock's of the same run. Fair lock handoff: the hot lock's 64 contenders on \
+`fair_lock` and on the plain lock; `wait_max_sections` is the longest wait times sections/s (first \
+come, first served over 64 contenders: about 63); `idle_gap_p50_rtt` the idle gap p50 over the bare \
+`TcpStream` round trip p50 measured just before; `*_vs_plain` the fair lock's figure over the plain \
+lock's. One \
 request in flight on this 2-vCPU VM mostly waits for an idle vCPU to wake: compare the two floor rows.
 ";
 
@@ -344,6 +348,26 @@ fn ratios(rows: &[Row], row: &Row) -> Vec<String> {
         return match (row.get(m), figure(rows, row.workload, row.library, plain, m)) {
             (Some(rw), Some(plain)) if plain > 0.0 => {
                 vec![format!("\"rw_lock/plain lock\": {:.4}", rw / plain)]
+            }
+            _ => Vec::new(),
+        };
+    }
+    if let Params::Handoff {
+        lock: LockKind::Fair,
+        contenders,
+        clients,
+    } = row.params
+    {
+        // The fair lock over the plain lock, same run.
+        let plain = Params::Handoff {
+            lock: LockKind::Plain,
+            contenders,
+            clients,
+        };
+        let m = Metric::SectionsPerS;
+        return match (row.get(m), figure(rows, row.workload, row.library, plain, m)) {
+            (Some(fair), Some(plain)) if plain > 0.0 => {
+                vec![format!("\"fair_lock/plain lock\": {:.4}", fair / plain)]
             }
             _ => Vec::new(),
         };

@@ -31,6 +31,9 @@ pub enum Workload {
     /// Tasks on one lock, each section a read (most) or a write, each held for 1 ms: relock's
     /// read-write lock, and the plain lock (every section exclusive) as its baseline.
     ReadHeavy,
+    /// Tasks contending for one lock with a 1 ms critical section: relock's fair lock (granted in
+    /// arrival order, the next waiter woken by name), and the plain lock as its baseline.
+    FairHandoff,
 }
 
 impl Workload {
@@ -46,6 +49,7 @@ impl Workload {
             Workload::Waiters => "waiters",
             Workload::Semaphore => "semaphore",
             Workload::ReadHeavy => "rw lock, read-heavy",
+            Workload::FairHandoff => "fair lock handoff",
             Workload::ClusterUncontended => "cluster uncontended",
             Workload::ClusterWatchdog => "cluster watchdog",
         }
@@ -113,11 +117,13 @@ pub enum BenchCommand {
     SetAndAcquire,
 }
 
-/// Which lock the read-heavy workload runs on.
+/// Which lock the read-heavy and the fair handoff workloads run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockKind {
     /// `client.rw_lock(name)`: reads on `.read()`, writes on `.write()`.
     Rw,
+    /// `client.fair_lock(name)`: waiters granted in arrival order.
+    Fair,
     /// `client.lock(name)`: every section exclusive, reads and writes alike.
     Plain,
 }
@@ -126,6 +132,7 @@ impl LockKind {
     pub fn name(self) -> &'static str {
         match self {
             LockKind::Rw => "rw_lock",
+            LockKind::Fair => "fair_lock",
             LockKind::Plain => "plain lock",
         }
     }
@@ -178,6 +185,12 @@ pub enum Params {
     ReadHeavy {
         read_pct: u32,
         tasks: usize,
+        clients: usize,
+        lock: LockKind,
+    },
+    /// `contenders` tasks over `clients` clients on one lock of kind `lock` (fair lock handoff).
+    Handoff {
+        contenders: usize,
         clients: usize,
         lock: LockKind,
     },
@@ -262,6 +275,11 @@ impl fmt::Display for Params {
                 "reads={read_pct}% tasks={tasks} clients={clients} {}",
                 lock.name()
             ),
+            Params::Handoff {
+                contenders,
+                clients,
+                lock,
+            } => write!(f, "contenders={contenders} clients={clients} {}", lock.name()),
         }
     }
 }
@@ -286,9 +304,17 @@ pub enum Metric {
     /// The same, in the hot lock rows: the time the lock sits idle between holders.
     IdleGapP50Us,
     IdleGapP99Us,
+    /// The idle gap p50 in round trips of the bare `TcpStream` floor loop measured in the same run
+    /// (fair lock handoff rows).
+    IdleGapP50Rtt,
     /// A contender's wait, from wanting the lock to its grant.
     WaitP50Us,
     WaitP99Us,
+    /// The longest wait (fair lock handoff rows).
+    WaitMaxUs,
+    /// The longest wait in sections: how many sections were granted, at the run's rate, while the
+    /// longest waiter waited (first come, first served over N contenders: about N - 1).
+    WaitMaxSections,
     /// The same, of the sections that were writes (read-heavy rows).
     WriterWaitP50Us,
     WriterWaitP99Us,
@@ -298,7 +324,8 @@ pub enum Metric {
     WriteShare,
     /// Holders at once, on average: sections/s times the mean section as it ran.
     MeanHolders,
-    /// The read-write lock's figure over the plain lock's, from the same run (read-heavy rows).
+    /// The read-write (or fair) lock's figure over the plain lock's, from the same run (read-heavy
+    /// and fair lock handoff rows).
     SectionsVsPlain,
     RedisCpuVsPlain,
     RedisCmdsVsPlain,
@@ -344,8 +371,11 @@ impl Metric {
             Metric::HandoffP99Us => "handoff_p99_us",
             Metric::IdleGapP50Us => "idle_gap_p50_us",
             Metric::IdleGapP99Us => "idle_gap_p99_us",
+            Metric::IdleGapP50Rtt => "idle_gap_p50_rtt",
             Metric::WaitP50Us => "wait_p50_us",
             Metric::WaitP99Us => "wait_p99_us",
+            Metric::WaitMaxUs => "wait_max_us",
+            Metric::WaitMaxSections => "wait_max_sections",
             Metric::WriterWaitP50Us => "writer_wait_p50_us",
             Metric::WriterWaitP99Us => "writer_wait_p99_us",
             Metric::ReaderWaitP99Us => "reader_wait_p99_us",

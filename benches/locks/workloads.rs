@@ -2,6 +2,7 @@
 //! contenders under the host and Redis figures ([`run`]), and turning a run into a row.
 
 mod contended;
+mod fair;
 mod floor;
 mod rw;
 mod scale;
@@ -12,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use contended::{contended, hot_lock, semaphore};
+pub use fair::fair_handoff;
 pub use floor::{ceiling, floor};
 pub use rw::read_heavy;
 pub use scale::{cluster_rows, waiters_scale, watchdog_scale};
@@ -138,8 +140,14 @@ impl Run {
     /// The hot lock: sections per second (and of the ideal), the lock's idle gap between holders,
     /// the contenders' waits, how long the section took, cost per section.
     pub fn hot_row(&self, params: Params) -> Row {
+        self.one_holder_row(Workload::HotLock, params)
+    }
+
+    /// The same figures for any workload of one holder at a time and [`HOT_SECTION`] sections (hot
+    /// lock, fair lock handoff).
+    fn one_holder_row(&self, workload: Workload, params: Params) -> Row {
         let ideal = 1.0 / HOT_SECTION.as_secs_f64();
-        let row = Row::new(Workload::HotLock, self.library, params)
+        let row = Row::new(workload, self.library, params)
             .metric(Metric::SectionsPerS, self.rate())
             .metric(Metric::OfIdeal, self.rate() / ideal)
             .metric(Metric::Utilization, self.rate() * self.tally.section.mean() / 1e6)

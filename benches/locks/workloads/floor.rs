@@ -12,6 +12,7 @@
 //! `peers::Arl`).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -128,8 +129,8 @@ impl Transport {
     }
 }
 
-/// Lock cycles of two round trips (acquire, then release) over `transport` for the run time.
-async fn floor_cycles(mode: &Mode, server: &RedisServer, sha: &str, mut transport: Transport) -> Row {
+/// Lock cycles of two round trips (acquire, then release) over `transport` for `run`.
+async fn floor_cycles(run: Duration, server: &RedisServer, sha: &str, mut transport: Transport) -> Row {
     let (key, fence) = ("relock:{floor}", "relock:{floor}:fence");
     let (owner, channel) = ("floor-owner:1", "relock:{floor}:released");
     let acquire: Arc<[u8]> = crate::support::encode(&acquire_args(sha, key, fence, owner)).into();
@@ -137,7 +138,7 @@ async fn floor_cycles(mode: &Mode, server: &RedisServer, sha: &str, mut transpor
     let (mut rtt, mut acquire_rtt) = (histogram(), histogram());
     let ((cycles, elapsed), cost) = measured(&[server], async {
         let start = Instant::now();
-        let deadline = start + mode.run;
+        let deadline = start + run;
         let mut cycles = 0u64;
         while Instant::now() < deadline {
             let t = Instant::now();
@@ -169,6 +170,17 @@ async fn floor_cycles(mode: &Mode, server: &RedisServer, sha: &str, mut transpor
         .median(Metric::AcquireP50Us, &acquire_rtt)
         .note("relock's batch script, acquire then release: 2 round trips per cycle");
     cost.add_to(row, cycles, Per::Cycle)
+}
+
+/// The p50 round trip of the direct `floor` loop (relock's batch script on a bare `TcpStream`, one
+/// request in flight) over `run`, in µs: the round trip that workloads outside `floor` count their
+/// idle gaps in.
+pub async fn round_trip_p50(server: &RedisServer, run: Duration) -> Option<f64> {
+    let sha = load_batch_script(server);
+    let transport = Transport::connect(server, false).await;
+    floor_cycles(run, server, &sha, transport)
+        .await
+        .get(Metric::RttP50Us)
 }
 
 /// Runs `redis-benchmark -q` against `port` and returns (requests per second, p50 in µs).
@@ -207,7 +219,7 @@ pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     let sha = load_batch_script(server);
     for driver in [false, true] {
         let transport = Transport::connect(server, driver).await;
-        rows.push(floor_cycles(mode, server, &sha, transport).await);
+        rows.push(floor_cycles(mode.run, server, &sha, transport).await);
     }
 
     let requests = if mode.quick { 20_000 } else { 100_000 };

@@ -10,7 +10,7 @@ use relock::LockClient;
 use tokio::time::Instant;
 
 use super::{HOT_CLIENTS, HOT_SECTION};
-use crate::host::{command_calls, measured, Cost, Per};
+use crate::host::{calls_delta, command_calls, measured, per_section, Cost, Per};
 use crate::peers::{self, Relock};
 use crate::rows::{figure, histogram, micros, Library, LockKind, Metric, Params, Row, Workload};
 use crate::support::{self, RedisServer};
@@ -35,7 +35,7 @@ pub fn params(lock: LockKind) -> Params {
 fn ideal(lock: LockKind, write_share: f64, tasks: usize, section: Duration) -> f64 {
     let per_section = match lock {
         LockKind::Rw => 1.0 / (write_share + (1.0 - write_share) / tasks as f64),
-        LockKind::Plain => 1.0,
+        LockKind::Plain | LockKind::Fair => 1.0,
     };
     per_section / section.as_secs_f64()
 }
@@ -140,6 +140,7 @@ async fn run(mode: &Mode, server: &RedisServer, lock: LockKind) -> Row {
                         let rw = client.rw_lock(&name);
                         (rw.read(), rw.write())
                     }
+                    LockKind::Fair => (client.fair_lock(&name), client.fair_lock(&name)),
                     LockKind::Plain => (client.lock(&name), client.lock(&name)),
                 };
                 tokio::spawn(task(read, write, i as u64, deadline))
@@ -192,32 +193,6 @@ async fn run(mode: &Mode, server: &RedisServer, lock: LockKind) -> Row {
         0 => row,
         n => row.note(format!("{n} releases reported an error")),
     }
-}
-
-/// Calls per command between two `INFO commandstats` readings, the bench's own `INFO` left out,
-/// most called first.
-fn calls_delta(before: &[(String, u64)], after: &[(String, u64)]) -> Vec<(String, u64)> {
-    let mut delta: Vec<(String, u64)> = after
-        .iter()
-        .filter(|(name, _)| name != "info")
-        .map(|(name, calls)| {
-            let was = before.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-            (name.clone(), calls.saturating_sub(was))
-        })
-        .filter(|(_, calls)| *calls > 0)
-        .collect();
-    delta.sort_by_key(|c| std::cmp::Reverse(c.1));
-    delta
-}
-
-/// The commands per section, by command: where the server's work goes.
-fn per_section(calls: &[(String, u64)], sections: u64) -> String {
-    let n = sections.max(1) as f64;
-    let each: Vec<String> = calls
-        .iter()
-        .map(|(name, c)| format!("{name} {:.2}", *c as f64 / n))
-        .collect();
-    format!("commands per section: {}", each.join(", "))
 }
 
 /// Both locks, the plain one first, then the read-write lock's row with its ratios to the plain
