@@ -138,6 +138,16 @@ impl LockGuard {
 }
 
 impl LockGuard {
+    /// Records that Redis no longer has this hold, removed by another script call (a waiter's
+    /// mark, which the grant it waited for removes): its release then sends nothing. Only for a
+    /// hold of one level; a deeper one is released as usual.
+    pub(crate) fn removed_in_redis(&self) {
+        let mut st = self.hold.state.lock();
+        if st.gen == self.gen && st.count == 1 {
+            st.confirmed = Some(0);
+        }
+    }
+
     /// Takes this guard's level off the hold at once; `None` if it was already gone (lost and
     /// ended, or the client shut down). Also the hold's operations lock, if it could be taken at
     /// once: taken before the level goes, so that no acquisition of the same owner slips in

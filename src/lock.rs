@@ -333,6 +333,10 @@ impl Lock {
             let (ttl, split) = match self.core.attempt(&keys, &owner, mode, until).await {
                 Ok(Attempt::Granted(grant)) => {
                     wake_up.0 = None;
+                    // The grant's script call removed the mark: its release has nothing to send.
+                    if let Some(mark) = mark.take() {
+                        mark.removed_in_redis();
+                    }
                     return Ok(Some(LockGuard::new(self.core.clone(), grant)));
                 }
                 Ok(Attempt::Refused { ttl, split }) => {
