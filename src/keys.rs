@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 /// The key of the lock hash, of its fence counter and the release channel.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     pub(crate) name: Arc<str>,
     pub(crate) lock: Arc<str>,

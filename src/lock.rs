@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -301,9 +302,19 @@ impl Lock {
         };
         // A fair lock's waiter is woken by name, when it is its turn.
         let name = matches!(keys.kind, Kind::Fair { .. }).then_some(&owner);
-        // The waiter's mark (a waiting writer's, a fair waiter's place), kept alive while it waits
-        // (see `marks.rs`); dropped (removed) with this future.
+        // The waiter's mark (a waiting writer's record, a fair waiter's place), which a refused
+        // attempt leaves in Redis, kept alive while it waits (see `marks.rs`) and removed when this
+        // future ends. Taken before the first attempt, so that a future dropped while a refusal is
+        // on its way still removes what that refusal left.
+        let place = match &keys.kind {
+            Kind::Write { rw, mark: true } => Some(rw.mark()),
+            Kind::Fair { fair, enqueue: true } => Some(fair.waiter(&owner)),
+            _ => None,
+        };
         let mut mark: Option<LockGuard> = None;
+        if let Some(place) = &place {
+            mark = Some(self.adopt_mark(place, &owner, wait.until()).await?);
+        }
         // Counted in `relock_waiters` from the first refusal on.
         let mut waiting: Option<Waiting> = None;
         // Subscribed lazily, on the first refusal, or now if others wait already (then a refusal
@@ -351,16 +362,10 @@ impl Lock {
             if wait.over() {
                 return Ok(None);
             }
-            if mark.is_none() {
-                let place = match &keys.kind {
-                    Kind::Write { rw, mark: true } => Some(rw.mark()),
-                    Kind::Fair { fair, enqueue: true } => Some(fair.waiter(&owner)),
-                    _ => None,
-                };
-                if let Some(place) = place {
-                    let grant = self.core.adopt_mark(place, &owner).await?;
-                    mark = Some(LockGuard::new(self.core.clone(), grant));
-                }
+            // The watchdog may have found the mark missing before this refusal set it: taken anew
+            // (a new generation; the old guard's drop then changes nothing).
+            if let (Some(place), false) = (&place, mark.as_ref().is_some_and(LockGuard::is_held)) {
+                mark = Some(self.adopt_mark(place, &owner, wait.until()).await?);
             }
             if waiting.is_none() {
                 waiting = Some(Waiting::start(report.label()));
@@ -392,6 +397,28 @@ impl Lock {
                 () = tokio::time::sleep_until(wake_at) => {}
             }
         }
+    }
+}
+
+impl Lock {
+    /// The guard of a waiter's mark of `place` (see `marks.rs`), within the caller's bound.
+    async fn adopt_mark(
+        &self,
+        place: &LockKeys,
+        owner: &Arc<str>,
+        until: Option<Instant>,
+    ) -> Result<LockGuard, Error> {
+        let adopt = self.core.adopt_mark(place.clone(), owner);
+        let grant = match until {
+            Some(until) => self
+                .core
+                .deadlines
+                .within(until, adopt)
+                .await
+                .unwrap_or(Err(Error::Timeout(Duration::ZERO)))?,
+            None => adopt.await?,
+        };
+        Ok(LockGuard::new(self.core.clone(), grant))
     }
 }
 
