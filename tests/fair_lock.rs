@@ -231,3 +231,344 @@ async fn bad_input_and_a_queue_of_another_type_change_nothing() {
         vec![queue_key(&name)]
     );
 }
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// Owner `o` (of four, over two clients) tries once, without queueing.
+    Try(usize),
+    /// Owner `o`, neither holding nor waiting, starts an `acquire` in a task of its own: granted at
+    /// once if the lock is free and nobody waits, else queued at the back.
+    Wait(usize),
+    /// Owner `o`, neither holding nor waiting, waits a short bound and gives up.
+    GiveUp(usize),
+    /// The holder (if any) acquires again (with `acquire`): at once, whoever waits.
+    Reenter,
+    /// The holder releases one level; when that frees the lock, the head of the queue gets it.
+    Release,
+    /// The holder drops every guard (released in the background), as a crashed task would.
+    Crash,
+    /// The task of the `k`-th waiter (modulo their number) is dropped: it leaves the queue at once.
+    Cancel(usize),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        2 => (0..4usize).prop_map(Step::Try),
+        5 => (0..4usize).prop_map(Step::Wait),
+        1 => (0..4usize).prop_map(Step::GiveUp),
+        1 => Just(Step::Reenter),
+        3 => Just(Step::Release),
+        1 => Just(Step::Crash),
+        1 => (0..3usize).prop_map(Step::Cancel),
+    ]
+}
+
+/// The id of `owner` as it appears inside the ids stored in Redis (`client:owner`).
+fn owner_id(owner: &relock::Owner) -> String {
+    let debug = format!("{owner:?}");
+    debug
+        .trim_start_matches("Owner(\"")
+        .trim_end_matches("\")")
+        .to_string()
+}
+
+/// The queue in Redis, in order, as indices of `ids` (`usize::MAX` for a stranger).
+fn redis_queue(server: &RedisServer, name: &str, ids: &[String]) -> Vec<usize> {
+    let members = match server.cmd(&["ZRANGE", &queue_key(name), "0", "-1"]) {
+        support::Reply::Array(items) => items,
+        other => panic!("ZRANGE: {other:?}"),
+    };
+    members
+        .iter()
+        .map(|m| {
+            let m = m.as_str().expect("member");
+            ids.iter()
+                .position(|id| m.ends_with(&format!(":{id}")))
+                .unwrap_or(usize::MAX)
+        })
+        .collect()
+}
+
+/// The holders in Redis (the fields of the lock hash) as indices of `ids`, with their counts.
+fn redis_holders(server: &RedisServer, name: &str, ids: &[String]) -> Vec<(usize, i64)> {
+    let fields = match server.cmd(&["HGETALL", &format!("relock:{{{name}}}:fair")]) {
+        support::Reply::Array(items) => items,
+        other => panic!("HGETALL: {other:?}"),
+    };
+    fields
+        .chunks(2)
+        .map(|pair| {
+            let field = pair[0].as_str().expect("field");
+            let who = ids
+                .iter()
+                .position(|id| field.contains(&format!(":{id}:")))
+                .unwrap_or(usize::MAX);
+            (who, pair[1].as_int().unwrap_or(-1))
+        })
+        .collect()
+}
+
+type Waiting = tokio::task::JoinHandle<Result<relock::LockGuard, Error>>;
+
+/// The rules against a model, over random steps of four owners on two clients. The model: a holder
+/// (owner and count) and a FIFO queue of waiting owners. A `try_acquire` is granted iff the owner
+/// holds already, or the lock is free and nobody waits; it never queues. An `acquire` is granted at
+/// once on the same terms (or to the holder, ahead of the queue), else its owner joins the back of
+/// the queue. A release that frees the lock hands it to the head of the queue, and only to it; a
+/// waiter dropped or out of time leaves the queue at once. Tokens rise with every new holder, and
+/// Redis's queue and holder match the model's after every step.
+#[test]
+fn the_fair_lock_follows_its_model_under_random_steps() {
+    use proptest::prelude::*;
+    use std::collections::VecDeque;
+    let rt = support::runtime();
+    let server = RedisServer::start();
+    let clients = rt.block_on(async { vec![client(&server.url()).await, client(&server.url()).await] });
+    let owners: Vec<relock::Owner> = (0..4).map(|_| relock::Owner::new()).collect();
+    let ids: Vec<String> = owners.iter().map(owner_id).collect();
+    let config = ProptestConfig {
+        cases: 12,
+        // A failing case may wait seconds for a grant that never comes: shrink only so far.
+        max_shrink_iters: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    };
+    let cases = AtomicUsize::new(0);
+    proptest!(config, |(steps in proptest::collection::vec(step(), 10..30))| {
+        let name = format!("fair-model-{}-{}", std::process::id(), cases.fetch_add(1, Ordering::Relaxed));
+        let lock = |o: usize| clients[o % 2].fair_lock(&name).owner(owners[o].clone());
+        // The model.
+        let mut holder: Option<(usize, u32)> = None;
+        let mut queue: VecDeque<usize> = VecDeque::new();
+        let mut last_token = 0u64;
+        // The real side: each owner's guards, and the task of each waiting owner.
+        let mut guards: Vec<Vec<relock::LockGuard>> = (0..4).map(|_| Vec::new()).collect();
+        let mut tasks: Vec<Option<Waiting>> = (0..4).map(|_| None).collect();
+        let result: Result<(), TestCaseError> = rt.block_on(async {
+            for (i, step) in steps.iter().enumerate() {
+                let at = format!("step {i} {step:?} of {steps:?}");
+                // Whether the lock was freed by this step (the head of the queue is then next).
+                let mut freed = false;
+                match *step {
+                    Step::Try(o) => {
+                        let expect = match holder {
+                            Some((h, _)) => h == o,
+                            None => queue.is_empty(),
+                        };
+                        let got = lock(o).try_acquire().await.expect("try");
+                        prop_assert_eq!(got.is_some(), expect, "{}", at);
+                        if let Some(guard) = got {
+                            match &mut holder {
+                                Some((_, count)) => {
+                                    *count += 1;
+                                    prop_assert_eq!(guard.fencing_token(), last_token, "{}", at);
+                                }
+                                None => {
+                                    holder = Some((o, 1));
+                                    prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                                    last_token = guard.fencing_token();
+                                }
+                            }
+                            prop_assert_eq!(guard.hold_count(), holder.unwrap().1, "{}", at);
+                            guards[o].push(guard);
+                        }
+                    }
+                    Step::Wait(o) => {
+                        if holder.map(|(h, _)| h) == Some(o) || tasks[o].is_some() {
+                            continue;
+                        }
+                        let waiter = lock(o);
+                        let task = tokio::spawn(async move { waiter.acquire().await });
+                        if holder.is_none() && queue.is_empty() {
+                            let granted = tokio::time::timeout(Duration::from_secs(5), task).await;
+                            prop_assert!(granted.is_ok(), "not granted at once: {}", at);
+                            let guard = granted.unwrap().expect("join").expect("acquire");
+                            prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                            prop_assert_eq!(guard.hold_count(), 1, "{}", at);
+                            last_token = guard.fencing_token();
+                            holder = Some((o, 1));
+                            guards[o].push(guard);
+                        } else {
+                            queue.push_back(o);
+                            let want: Vec<usize> = queue.iter().copied().collect();
+                            // Queued before the next step, so that arrival order is defined.
+                            let joined = support::eventually(Duration::from_secs(5), || {
+                                task.is_finished() || redis_queue(&server, &name, &ids) == want
+                            })
+                            .await;
+                            prop_assert!(joined && !task.is_finished(), "not queued: {}", at);
+                            // Until the attempt's reply reaches the waiter, a cancelled waiter
+                            // leaves its place behind (see the ignored test below): let it settle.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            tasks[o] = Some(task);
+                        }
+                    }
+                    Step::GiveUp(o) => {
+                        if holder.map(|(h, _)| h) == Some(o) || tasks[o].is_some() {
+                            continue;
+                        }
+                        let expect = holder.is_none() && queue.is_empty();
+                        let got = lock(o)
+                            .try_acquire_for(Duration::from_millis(60))
+                            .await
+                            .expect("try_acquire_for");
+                        prop_assert_eq!(got.is_some(), expect, "{}", at);
+                        if let Some(guard) = got {
+                            prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                            last_token = guard.fencing_token();
+                            holder = Some((o, 1));
+                            guards[o].push(guard);
+                        }
+                    }
+                    Step::Reenter => {
+                        let Some((o, count)) = holder else { continue };
+                        let entered = tokio::time::timeout(Duration::from_secs(2), lock(o).acquire()).await;
+                        prop_assert!(entered.is_ok(), "the holder waited behind {:?}: {}", queue, at);
+                        let guard = entered.unwrap().expect("reenter");
+                        prop_assert_eq!(guard.hold_count(), count + 1, "{}", at);
+                        prop_assert_eq!(guard.fencing_token(), last_token, "{}", at);
+                        holder = Some((o, count + 1));
+                        guards[o].push(guard);
+                    }
+                    Step::Release => {
+                        let Some((o, _)) = holder else { continue };
+                        let guard = guards[o].pop().expect("the holder's guard");
+                        guard.release().await.expect("release");
+                        let (_, count) = holder.as_mut().expect("a holder");
+                        *count -= 1;
+                        if *count == 0 {
+                            holder = None;
+                            freed = true;
+                            if !queue.is_empty() {
+                                // Right after its release, whether or not the head has it yet,
+                                // the former holder cannot barge ahead of the queue.
+                                let barged = lock(o).try_acquire().await.expect("try");
+                                prop_assert!(barged.is_none(), "barged ahead of {:?}: {}", queue, at);
+                            }
+                        }
+                    }
+                    Step::Crash => {
+                        let Some((o, _)) = holder else { continue };
+                        guards[o].clear();
+                        holder = None;
+                        freed = true;
+                    }
+                    Step::Cancel(k) => {
+                        if queue.is_empty() {
+                            continue;
+                        }
+                        let o = queue[k % queue.len()];
+                        let task = tasks[o].take().expect("the waiter's task");
+                        task.abort();
+                        match task.await {
+                            Err(e) => prop_assert!(e.is_cancelled(), "{}: {:?}", at, e),
+                            Ok(got) => prop_assert!(false, "a waiter got {:?} out of turn: {}", got.map(|g| g.hold_count()), at),
+                        }
+                        queue.retain(|&w| w != o);
+                        // The holder is still there: nobody waits while the lock is free.
+                        prop_assert!(holder.is_some(), "{}", at);
+                    }
+                }
+                if freed {
+                    if let Some(next) = queue.pop_front() {
+                        // The head's turn, and only the head's.
+                        let task = tasks[next].take().expect("the head's task");
+                        let settled = support::eventually(Duration::from_secs(5), || {
+                            task.is_finished() || tasks.iter().flatten().any(|t| t.is_finished())
+                        })
+                        .await;
+                        let early: Vec<usize> = (0..4)
+                            .filter(|&w| tasks[w].as_ref().is_some_and(|t| t.is_finished()))
+                            .collect();
+                        prop_assert!(early.is_empty(), "owners {:?} granted before the head {}: {}", early, next, at);
+                        prop_assert!(settled, "the head (owner {}) was not granted: {}", next, at);
+                        let guard = task.await.expect("join").expect("acquire");
+                        prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                        prop_assert_eq!(guard.hold_count(), 1, "{}", at);
+                        last_token = guard.fencing_token();
+                        holder = Some((next, 1));
+                        guards[next].push(guard);
+                    }
+                    for (w, task) in tasks.iter().enumerate() {
+                        if let Some(task) = task {
+                            prop_assert!(!task.is_finished(), "owner {} was granted out of turn: {}", w, at);
+                        }
+                    }
+                }
+                // Redis agrees with the model (a background release or leave may take a moment).
+                let want_queue: Vec<usize> = queue.iter().copied().collect();
+                let want_holders: Vec<(usize, i64)> = holder.iter().map(|&(h, c)| (h, c as i64)).collect();
+                let agree = support::eventually(Duration::from_secs(3), || {
+                    redis_queue(&server, &name, &ids) == want_queue
+                        && redis_holders(&server, &name, &ids) == want_holders
+                })
+                .await;
+                prop_assert!(
+                    agree,
+                    "Redis has queue {:?} and holders {:?}, the model {:?} and {:?}: {}",
+                    redis_queue(&server, &name, &ids),
+                    redis_holders(&server, &name, &ids),
+                    want_queue,
+                    want_holders,
+                    at
+                );
+            }
+            Ok(())
+        });
+        // Clean up whatever the case left, failed or not: waiters first, then the holds.
+        rt.block_on(async {
+            for task in tasks.iter_mut().filter_map(Option::take) {
+                task.abort();
+                let _ = task.await;
+            }
+            for guard in guards.iter_mut().flat_map(|g| g.drain(..)) {
+                let _ = guard.release().await;
+            }
+        });
+        result?;
+    });
+}
+
+/// Known bug (found by the model test above): a waiter dropped after its attempt queued it in Redis
+/// but before the reply reached it (one round trip) leaves its place behind, with a waiter key of a
+/// whole lease. At the head of the queue it then holds back every other acquirer of the free lock
+/// until that lease runs out (`watchdog_timeout`, 30 s by default), instead of leaving at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known bug: a waiter cancelled while its queueing attempt is in flight leaves its place"]
+async fn a_waiter_cancelled_right_after_joining_leaves_the_queue_at_once() {
+    let server = RedisServer::start();
+    let (a, b, c) = (
+        client(&server.url()).await,
+        client(&server.url()).await,
+        client(&server.url()).await,
+    );
+    let name = unique_name("cancel-early");
+    let holder = a.fair_lock(&name).acquire().await.unwrap();
+    for _ in 0..20 {
+        let lock = b.fair_lock(&name).owner(relock::Owner::new());
+        let task = tokio::spawn(async move { lock.acquire().await });
+        // Cancelled as soon as Redis has queued it, likely before the reply has reached it.
+        while queued(&server, &name) == 0 {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        let _ = task.await;
+        assert!(
+            support::eventually(Duration::from_millis(500), || queued(&server, &name) == 0).await,
+            "a cancelled waiter is still queued: {:?}",
+            server.cmd(&["ZRANGE", &queue_key(&name), "0", "-1"])
+        );
+    }
+    // Nobody waits: the lock is the next acquirer's as soon as it is released.
+    let lock = c.fair_lock(&name);
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let guard = lock.acquire().await.unwrap();
+    assert!(
+        released.elapsed() < Duration::from_millis(300),
+        "{:?}",
+        released.elapsed()
+    );
+    guard.release().await.unwrap();
+}
