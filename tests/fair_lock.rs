@@ -398,9 +398,6 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                             })
                             .await;
                             prop_assert!(joined && !task.is_finished(), "not queued: {}", at);
-                            // Until the attempt's reply reaches the waiter, a cancelled waiter
-                            // leaves its place behind (see the ignored test below): let it settle.
-                            tokio::time::sleep(Duration::from_millis(50)).await;
                             tasks[o] = Some(task);
                         }
                     }
@@ -530,12 +527,11 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
     });
 }
 
-/// Known bug (found by the model test above): a waiter dropped after its attempt queued it in Redis
-/// but before the reply reached it (one round trip) leaves its place behind, with a waiter key of a
-/// whole lease. At the head of the queue it then holds back every other acquirer of the free lock
-/// until that lease runs out (`watchdog_timeout`, 30 s by default), instead of leaving at once.
+/// Found by the model test above: a waiter dropped after its attempt queued it in Redis but before
+/// the reply reached it (one round trip) left its place behind, with a waiter key of a whole lease,
+/// which at the head of the queue held back every acquirer of the free lock until that lease ran
+/// out (`watchdog_timeout`, 30 s by default). Its mark is now taken before the attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: a waiter cancelled while its queueing attempt is in flight leaves its place"]
 async fn a_waiter_cancelled_right_after_joining_leaves_the_queue_at_once() {
     let server = RedisServer::start();
     let (a, b, c) = (

@@ -280,6 +280,38 @@ async fn a_writer_that_stops_waiting_lets_readers_go_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_cancelled_right_after_its_refusal_leaves_no_record() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    let name = unique_name("cancel-early");
+    let read = a.rw_lock(&name).read().acquire().await.unwrap();
+    let waiting = format!("{}:writers", rw_key(&name));
+    for _ in 0..20 {
+        let lock = b.rw_lock(&name).write().owner(Owner::new());
+        let task = tokio::spawn(async move { lock.acquire().await });
+        // Cancelled as soon as Redis has the record, likely before the refusal reached the writer.
+        while !server.exists(&waiting) {
+            tokio::task::yield_now().await;
+        }
+        task.abort();
+        let _ = task.await;
+        assert!(
+            support::eventually(Duration::from_millis(500), || !server.exists(&waiting)).await,
+            "a cancelled writer still holds readers back"
+        );
+    }
+    let reader = a
+        .rw_lock(&name)
+        .read()
+        .owner(Owner::new())
+        .try_acquire()
+        .await
+        .unwrap();
+    assert!(reader.is_some(), "a new reader was held back");
+    drop((read, reader));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_reader_has_a_lease_of_its_own() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port()).await;
