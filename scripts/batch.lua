@@ -8,11 +8,13 @@
 -- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
 --   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua)
 --   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
---   'w', the same                  with KEYS write, fence, readers, waiting (rw_write.lua); 'W' also records a waiting writer on refusal;
+--   'w', the same                  with KEYS write, fence, readers, waiting (rw_write.lua); 'W' also
+--                                  records a waiting writer on refusal, for a fifth argument's ms;
 --                                  'v' and 'V' are 'w' and 'W' on a master of a quorum
 --   'd', the same                  with KEYS reader, write, readers, waiting (rw_read.lua)
---   'f', the same                  with KEYS lock, fence, queue (fair_acquire.lua); 'F'
---                                  also queues the owner on refusal; 'g' and 'G' on a quorum
+--   'f', the same                  with KEYS lock, fence, queue (fair_acquire.lua); 'F' also
+--                                  queues the owner on refusal, its place kept for a fifth
+--                                  argument's ms; 'g' and 'G' on a quorum
 --   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
 --   'u', the same                  as 'r', waking every waiter
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes one writer)
@@ -31,6 +33,8 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 local writes = {w = true, W = true, v = true, V = true}
 local fairs = {f = true, F = true, g = true, G = true}
+-- The operations with a fifth argument (the lifetime of the mark a refusal leaves).
+local marking = {W = true, V = true, F = true, G = true}
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
   local op = ARGV[a]
@@ -39,7 +43,7 @@ for i = 1, tonumber(ARGV[1]) do
     k = k + 2
   elseif writes[op] then
     ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', op == 'W' or op == 'V')
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', marking[op] and tonumber(ARGV[a + 4]))
     k = k + 4
   elseif op == 'd' then
     ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
@@ -47,7 +51,7 @@ for i = 1, tonumber(ARGV[1]) do
     k = k + 4
   elseif fairs[op] then
     ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', op == 'F' or op == 'G')
+      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', marking[op] and tonumber(ARGV[a + 4]))
     k = k + 3
   elseif op == 'h' then
     ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
@@ -88,7 +92,7 @@ for i = 1, tonumber(ARGV[1]) do
     end
     k = k + 1
   end
-  a = a + 4
+  a = a + (marking[op] and 5 or 4)
   if ok then
     -- An error reply of a function (a key of another type) is a table with `err`.
     if type(reply) == 'table' and reply.err then

@@ -40,8 +40,8 @@ local function fair_join(queue, id, lease)
 end
 
 -- A fair lock for `owner` (field): granted as acquire.lua grants, but only to the owner at the head
--- of the queue when anyone waits (a reentrant acquisition of a live hold goes ahead). `enqueue`: a
--- refusal puts the owner in the queue. Replies as acquire.lua's; a refusal's ttl is the sooner of
+-- of the queue when anyone waits (a reentrant acquisition of a live hold goes ahead). `enqueue`
+-- (false, or ms): a refusal puts the owner in the queue, its waiter key living that long. Replies as acquire.lua's; a refusal's ttl is the sooner of
 -- the holder's lease and the head waiter's (whichever ends first may make this owner's turn).
 local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue)
   if not absent_or(queue, 'zset') then
@@ -58,7 +58,7 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
         ttl = head_ttl
       end
       if enqueue and id then
-        fair_join(queue, id, lease)
+        fair_join(queue, id, enqueue)
       end
       return {0, ttl}
     end
@@ -70,7 +70,7 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
       redis.call('DEL', queue .. ':' .. head)
     end
   elseif enqueue and id then
-    fair_join(queue, id, lease)
+    fair_join(queue, id, enqueue)
   end
   return reply
 end

@@ -10,8 +10,8 @@ local function wait_mark(waiting, id, lease)
   end
 end
 
--- A write hold for `owner` (field) on `write`; `mark`: a refusal records this owner as a waiting
--- writer (with the lease as the waiting hash's TTL), a grant removes it.
+-- A write hold for `owner` (field) on `write`; `mark` (false, or ms): a refusal records this owner
+-- as a waiting writer (the waiting hash lives at least that long), a grant removes it.
 local function acquire_write(write, fence, readers, waiting, owner, lease, target, in_step, mark)
   if not absent_or(readers, 'set') or not absent_or(waiting, 'hash') then
     return wrong_type()
@@ -34,7 +34,7 @@ local function acquire_write(write, fence, readers, waiting, owner, lease, targe
     end
     if ttl then
       if mark and id then
-        wait_mark(waiting, id, lease)
+        wait_mark(waiting, id, mark)
       end
       return {0, ttl}
     end
@@ -45,7 +45,7 @@ local function acquire_write(write, fence, readers, waiting, owner, lease, targe
       redis.call('HDEL', waiting, id)
     end
   elseif mark and id then
-    wait_mark(waiting, id, lease)
+    wait_mark(waiting, id, mark)
   end
   return reply
 end

@@ -260,6 +260,8 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                 kind,
                 ..
             } => {
+                // A marking operation's fifth argument: how long its mark lives.
+                let mut mark_lease: Option<Duration> = None;
                 let code = match kind {
                     Kind::Plain | Kind::Mark(_) | Kind::Waiter(_) => {
                         keys.extend([Key::from(&**lock), Key::from(&**fence)]);
@@ -271,7 +273,8 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                     }
                     Kind::Write { rw, mark } => {
                         keys.extend([lock, fence, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
-                        match (*in_step, *mark) {
+                        mark_lease = *mark;
+                        match (*in_step, mark.is_some()) {
                             (false, false) => "w",
                             (false, true) => "W",
                             (true, false) => "v",
@@ -284,7 +287,8 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                     }
                     Kind::Fair { fair, enqueue } => {
                         keys.extend([lock, fence, &fair.queue].map(|key| Key::from(&**key)));
-                        match (*in_step, *enqueue) {
+                        mark_lease = *enqueue;
+                        match (*in_step, enqueue.is_some()) {
                             (false, false) => "f",
                             (false, true) => "F",
                             (true, false) => "g",
@@ -298,6 +302,9 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                     Value::from(*lease_ms),
                     Value::from(*target),
                 ]);
+                if let Some(mark_lease) = mark_lease {
+                    args.push(Value::from(mark_lease.as_millis().min(i64::MAX as u128) as i64));
+                }
             }
             Op::Release {
                 lock,

@@ -276,6 +276,15 @@ impl Holds {
         }
     }
 
+    /// Whether `owner` holds `keys` here once the operations queued on that hold are done (a
+    /// dropped guard's release, say).
+    pub(crate) async fn settled_active(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> bool {
+        let (hold, _ops) = self.lock_hold(keys, owner).await;
+        let active = hold.state.lock().active();
+        self.retire_if_idle(&hold);
+        active
+    }
+
     /// Takes the hold of `owner` on `keys` with its operations serialised, looking it up again if it
     /// was retired while we waited.
     pub(crate) async fn lock_hold(

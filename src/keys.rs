@@ -1,6 +1,7 @@
 //! The Redis names of one lock. All share the hash tag `{name}`, so they live in one cluster slot.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The key of the lock hash, of its fence counter and the release channel.
 #[derive(Debug, Clone)]
@@ -19,16 +20,20 @@ pub(crate) enum Kind {
     /// A lock hash: a lock, or a semaphore's holder key.
     Plain,
     /// The write lock of a read-write lock (`lock` is its write hash). `mark`: a refusal records
-    /// the owner as a waiting writer (set for a caller that will wait).
-    Write { rw: Arc<RwKeys>, mark: bool },
+    /// the owner as a waiting writer, for this long (set for a caller that will wait; the record
+    /// is then renewed as a hold of `watchdog_timeout`, whatever the acquisition's lease).
+    Write { rw: Arc<RwKeys>, mark: Option<Duration> },
     /// One owner's read hold of a read-write lock (`lock` is that owner's reader key).
     Read(Arc<RwKeys>),
     /// A waiting writer's mark (`lock` is the waiting writers' hash, the field the owner id):
     /// renewed by the watchdog while the writer waits, released when it stops.
     Mark(Arc<RwKeys>),
-    /// A fair lock (`lock` is its hash). `enqueue`: a refusal puts the owner in the queue (set for
-    /// a caller that will wait).
-    Fair { fair: Arc<FairKeys>, enqueue: bool },
+    /// A fair lock (`lock` is its hash). `enqueue`: a refusal puts the owner in the queue, its
+    /// place kept this long (as `Write`'s `mark`).
+    Fair {
+        fair: Arc<FairKeys>,
+        enqueue: Option<Duration>,
+    },
     /// A fair lock's waiter (`lock` is its waiter key, the field the owner id): its place in the
     /// queue lives while the watchdog renews it, and is given up when the waiter stops.
     Waiter(Arc<FairKeys>),
@@ -60,7 +65,7 @@ impl FairKeys {
     }
 
     /// The keys of the lock; `enqueue` as in [`Kind::Fair`].
-    pub(crate) fn lock(self: &Arc<Self>, enqueue: bool) -> LockKeys {
+    pub(crate) fn lock(self: &Arc<Self>, enqueue: Option<Duration>) -> LockKeys {
         LockKeys {
             name: self.name.clone(),
             lock: self.lock.clone(),
@@ -118,7 +123,7 @@ impl RwKeys {
     }
 
     /// The keys of the write lock; `mark` as in [`Kind::Write`].
-    pub(crate) fn write(self: &Arc<Self>, mark: bool) -> LockKeys {
+    pub(crate) fn write(self: &Arc<Self>, mark: Option<Duration>) -> LockKeys {
         LockKeys {
             name: self.name.clone(),
             lock: self.write.clone(),

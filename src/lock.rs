@@ -70,7 +70,7 @@ impl Lock {
     /// A fair lock (see [`LockClient::fair_lock`](crate::LockClient::fair_lock)).
     pub(crate) fn fair(core: Arc<Core>, name: &str) -> Lock {
         let fair = Arc::new(FairKeys::new(core.config.get_key_prefix(), name));
-        let keys = Arc::new(fair.lock(false));
+        let keys = Arc::new(fair.lock(None));
         Lock::with_keys(core, name, keys)
     }
 
@@ -291,13 +291,15 @@ impl Lock {
         };
         let owner = self.owner_id();
         tracing::Span::current().record("owner", &*owner);
+        // A waiter's mark lives by the watchdog's heartbeat (see `marks.rs`), whatever the lease.
+        let mark_lease = self.core.config.get_watchdog_timeout();
         let keys = match &self.keys.kind {
             // Every reader's hold has a key (and a lease) of its own.
             Kind::Read(rw) => Arc::new(rw.reader(&owner)),
             // A writer that will wait holds back new readers from its first refusal on; a fair lock's
             // waiter takes its place in the queue.
-            Kind::Write { rw, .. } if !matches!(wait, Wait::Once) => Arc::new(rw.write(true)),
-            Kind::Fair { fair, .. } if !matches!(wait, Wait::Once) => Arc::new(fair.lock(true)),
+            Kind::Write { rw, .. } if !matches!(wait, Wait::Once) => Arc::new(rw.write(Some(mark_lease))),
+            Kind::Fair { fair, .. } if !matches!(wait, Wait::Once) => Arc::new(fair.lock(Some(mark_lease))),
             _ => self.keys.clone(),
         };
         // A fair lock's waiter is woken by name, when it is its turn.
@@ -307,14 +309,23 @@ impl Lock {
         // future ends. Taken before the first attempt, so that a future dropped while a refusal is
         // on its way still removes what that refusal left.
         let place = match &keys.kind {
-            Kind::Write { rw, mark: true } => Some(rw.mark()),
-            Kind::Fair { fair, enqueue: true } => Some(fair.waiter(&owner)),
+            Kind::Write { rw, mark: Some(_) } => Some(rw.mark()),
+            Kind::Fair {
+                fair,
+                enqueue: Some(_),
+            } => Some(fair.waiter(&owner)),
             _ => None,
         };
         let mut mark: Option<LockGuard> = None;
         if let Some(place) = &place {
-            mark = Some(self.adopt_mark(place, &owner, wait.until()).await?);
+            match self.adopt_mark(place, &owner, wait.until()).await {
+                Ok(guard) => mark = Some(guard),
+                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(false),
+                Err(err) => return Err(err),
+            }
         }
+        // An `Upgrade` refusal is checked once against this client's own read hold (see below).
+        let mut upgrade_checked = false;
         // Counted in `relock_waiters` from the first refusal on.
         let mut waiting: Option<Waiting> = None;
         // Subscribed lazily, on the first refusal, or now if others wait already (then a refusal
@@ -344,8 +355,9 @@ impl Lock {
             let (ttl, split) = match self.core.attempt(&keys, &owner, mode, until).await {
                 Ok(Attempt::Granted(grant)) => {
                     wake_up.0 = None;
-                    // The grant's script call removed the mark: its release has nothing to send.
-                    if let Some(mark) = mark.take() {
+                    // The grant's script call removed the mark: its release has nothing to send. (On
+                    // a quorum, masters that refused keep theirs until that release.)
+                    if let Some(mark) = mark.take().filter(|_| self.core.masters.single()) {
                         mark.removed_in_redis();
                     }
                     return Ok(Some(LockGuard::new(self.core.clone(), grant)));
@@ -357,6 +369,26 @@ impl Lock {
                 }
                 // The caller's wait ran out during an attempt (abandoned, undone in the background).
                 Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
+                // The owner's reader key was there: a read guard dropped just before may still
+                // have its release on the way. Once that is done, the refusal is tried again;
+                // only a read hold that is still active makes it an upgrade.
+                Err(Error::Upgrade(name)) if !upgrade_checked => {
+                    let Kind::Write { rw, .. } = &keys.kind else {
+                        return Err(Error::Upgrade(name));
+                    };
+                    upgrade_checked = true;
+                    let reader = Arc::new(rw.reader(&owner));
+                    let settled = self.core.holds.settled_active(&reader, &owner);
+                    let active = match until {
+                        Some(until) => self.core.deadlines.within(until, settled).await,
+                        None => Some(settled.await),
+                    };
+                    match active {
+                        Some(false) => continue,
+                        Some(true) => return Err(Error::Upgrade(name)),
+                        None => return wait.ran_out_result(refused),
+                    }
+                }
                 Err(err) => return Err(err),
             };
             if wait.over() {
@@ -365,7 +397,11 @@ impl Lock {
             // The watchdog may have found the mark missing before this refusal set it: taken anew
             // (a new generation; the old guard's drop then changes nothing).
             if let (Some(place), false) = (&place, mark.as_ref().is_some_and(LockGuard::is_held)) {
-                mark = Some(self.adopt_mark(place, &owner, wait.until()).await?);
+                match self.adopt_mark(place, &owner, wait.until()).await {
+                    Ok(guard) => mark = Some(guard),
+                    Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
+                    Err(err) => return Err(err),
+                }
             }
             if waiting.is_none() {
                 waiting = Some(Waiting::start(report.label()));

@@ -75,7 +75,7 @@ impl RwLock {
 
     /// The write side: held by one owner, and only while no other owner reads.
     pub fn write(&self) -> Lock {
-        Lock::with_keys(self.core.clone(), &self.name, Arc::new(self.keys.write(false)))
+        Lock::with_keys(self.core.clone(), &self.name, Arc::new(self.keys.write(None)))
     }
 
     /// Whether a writer or a reader holds it (on a majority of the masters).

@@ -568,3 +568,34 @@ async fn a_waiter_cancelled_right_after_joining_leaves_the_queue_at_once() {
     );
     guard.release().await.unwrap();
 }
+
+/// A waiter with a fixed lease shorter than the watchdog's renewal interval keeps its place: the
+/// place lives by the watchdog's heartbeat, not by the acquisition's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_fixed_lease_waiter_keeps_its_place() {
+    let server = RedisServer::start();
+    let (a, b) = (client(&server.url()).await, client(&server.url()).await);
+    let name = unique_name("short-lease");
+    let holder = a.fair_lock(&name).acquire().await.unwrap();
+    let lock = b.fair_lock(&name).lease(Duration::from_millis(100));
+    let waiter = tokio::spawn(async move { lock.acquire().await });
+    assert!(support::eventually(Duration::from_secs(5), || queued(&server, &name) == 1).await);
+    // Longer than the 100 ms lease, and than a renewal interval.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert_eq!(queued(&server, &name), 1, "the waiter lost its place");
+    holder.release().await.unwrap();
+    // The newcomer does not go ahead of it.
+    assert!(a
+        .fair_lock(&name)
+        .owner(relock::Owner::new())
+        .try_acquire()
+        .await
+        .unwrap()
+        .is_none());
+    let guard = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(guard.is_held());
+}

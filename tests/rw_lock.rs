@@ -632,3 +632,22 @@ async fn on_a_cluster_every_key_is_in_the_lock_slot_and_waiters_are_woken() {
     assert!(guard.fencing_token() > 0);
     guard.release().await.unwrap();
 }
+
+/// A read guard dropped (released in the background) right before the same owner asks for the
+/// write lock: the release is still on its way, which is not an upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writing_right_after_dropping_a_read_guard_is_no_upgrade() {
+    let server = RedisServer::start();
+    let c = client(&server.url()).await;
+    let rw = c.rw_lock(&unique_name("drop-then-write"));
+    for _ in 0..40 {
+        let read = rw.read().acquire().await.unwrap();
+        drop(read);
+        let write = rw
+            .write()
+            .acquire()
+            .await
+            .expect("no upgrade: the read guard is gone");
+        write.release().await.unwrap();
+    }
+}
