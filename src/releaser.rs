@@ -64,7 +64,7 @@ async fn run_job(core: Arc<Core>, job: Job) {
 /// [`Job::Resync`] (see `core::UndoOnDrop`).
 ///
 /// Runs in a `release` span (fields `lock`, `owner`, `left`: the hold count left, and `outcome`),
-/// in which its events nest.
+/// in which its events nest; a waiter's mark's, in none.
 pub(crate) async fn release_now(
     core: &Arc<Core>,
     hold: &Arc<Hold>,
@@ -73,7 +73,12 @@ pub(crate) async fn release_now(
     was_lost: bool,
     ops: Option<OwnedMutexGuard<()>>,
 ) -> Result<(), Error> {
-    let span = tracing::info_span!("release", lock = %hold.keys.name, owner = %hold.owner, left = Empty, outcome = Empty);
+    // A waiter's mark (see `marks.rs`) holds nothing: its release is no `release` of the lock.
+    let span = if hold.counted {
+        tracing::info_span!("release", lock = %hold.keys.name, owner = %hold.owner, left = Empty, outcome = Empty)
+    } else {
+        tracing::Span::none()
+    };
     let result = release_in_span(core, hold, gen, field, was_lost, ops)
         .instrument(span.clone())
         .await;
