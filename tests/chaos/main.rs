@@ -389,3 +389,11 @@ async fn chaos_semaphore_and_latch_single_redis() {
 async fn chaos_semaphore_and_latch_primary_with_replica() {
     run_workloads(Topology::Replicated, FAMILY, 13).await;
 }
+
+/// The read-write lock by quorum on five masters (the fair lock is not offered on a `MultiLock`):
+/// (h) no valid write section overlapping another valid section of its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rw_multilock_five_masters() {
+    let report = run_workloads(Topology::Multi, &[Workload::Rw], 10).await;
+    assert_eq!(report.rw.write_overlaps_unprotected, 0);
+}
