@@ -123,9 +123,10 @@ pub enum Kind {
     /// Read-write lock: the read side was granted; `valid_ns` is `validity()` read right after `t`.
     /// (The write side's grant is a `Grant`, with its fencing token.)
     Shared { valid_ns: u64 },
-    /// Fair lock: an acquisition bounded by `wait_ms` begins at `t` (`t` read before it is sent);
-    /// its `Grant`, `Busy` or `Error` follows on the task's next line.
-    Waiting { wait_ms: u64 },
+    /// Fair or read-write lock: an acquisition bounded by `wait_ms` begins at `t` (`t` read before
+    /// it is sent), of a read side (`shared`) or an exclusive one; its `Grant`, `Shared`, `Busy` or
+    /// `Error` follows on the task's next line.
+    Waiting { wait_ms: u64, shared: bool },
 }
 
 /// One line of the history.
@@ -164,7 +165,9 @@ impl fmt::Display for Event {
             Kind::Call { op, arg } => write!(f, "call {} {arg}", op.name()),
             Kind::Reply(outcome) => write!(f, "reply {outcome}"),
             Kind::Shared { valid_ns } => write!(f, "shared {valid_ns}"),
-            Kind::Waiting { wait_ms } => write!(f, "waiting {wait_ms}"),
+            Kind::Waiting { wait_ms, shared } => {
+                write!(f, "waiting {wait_ms} {}", if *shared { "r" } else { "x" })
+            }
         }
     }
 }
@@ -229,7 +232,10 @@ impl Event {
             },
             "reply" => Kind::Reply(rest.join(" ")),
             "shared" => Kind::Shared { valid_ns: n(0)? },
-            "waiting" => Kind::Waiting { wait_ms: n(0)? },
+            "waiting" => Kind::Waiting {
+                wait_ms: n(0)?,
+                shared: *rest.get(1)? == "r",
+            },
             _ => return None,
         };
         Some(Event {
@@ -808,7 +814,14 @@ fn events_round_trip_through_their_lines() {
         Kind::Shared {
             valid_ns: 1_900_000_000,
         },
-        Kind::Waiting { wait_ms: 3000 },
+        Kind::Waiting {
+            wait_ms: 3000,
+            shared: true,
+        },
+        Kind::Waiting {
+            wait_ms: 3000,
+            shared: false,
+        },
     ];
     for kind in events {
         for on in [On::Lock, On::Semaphore, On::Latch, On::Rw, On::Fair] {

@@ -46,6 +46,10 @@ pub const FAIR_SLACK: Duration = Duration::from_millis(100);
 /// that finds its place gone and queues again).
 pub const FAULT_SETTLE: Duration = Duration::from_secs(1);
 
+/// How long a lock must have stood free inside a wait that timed out for the wait to count as
+/// stuck (a waiter nobody woke).
+pub const STUCK_FREE: Duration = Duration::from_millis(500);
+
 pub fn rw_name(i: u32) -> String {
     format!("rw-{i}")
 }
@@ -196,6 +200,7 @@ pub async fn wait_in_line(
             now_ns(),
             Kind::Waiting {
                 wait_ms: wait.as_millis() as u64,
+                shared: false,
             },
         );
         let guard = match locks[item as usize].try_acquire_for(wait).await {
@@ -255,10 +260,16 @@ pub struct RwReport {
     pub write_overlaps_unprotected: u64,
     /// (h) conflicting sections that overlapped past a lease.
     pub write_overlaps_past_lease: u64,
+    /// Read and write waits that timed out while their lock stood free, unfaulted, for
+    /// [`STUCK_FREE`] or more (a liveness finding, not a violation).
+    pub rw_stuck_reads: u64,
+    pub rw_stuck_writes: u64,
     pub fair_acquisitions: u64,
     pub fair_grants: u64,
     pub fair_busy: u64,
     pub fair_errors: u64,
+    /// The same for the fair lock.
+    pub fair_stuck: u64,
     /// (i) pairs (A arrived first, both waiting) judged, where A was granted first.
     pub fair_in_order: u64,
     /// (i) pairs where B was granted first, excused by a fault or a crash between.
@@ -288,7 +299,7 @@ impl fmt::Display for RwReport {
             parts.push(format!(
                 "(h) rw: ops {} (reads {}, writes {}, timed out {}, errors {}, lost {}), \
                  overlapping valid reads {}, valid write overlaps {} (+{} after faults outside the guarantees), \
-                 past their lease {}",
+                 past their lease {}, waits timed out on a free lock {} reads and {} writes",
                 self.rw_acquisitions,
                 self.reads_granted,
                 self.writes_granted,
@@ -299,13 +310,15 @@ impl fmt::Display for RwReport {
                 self.write_overlaps,
                 self.write_overlaps_unprotected,
                 self.write_overlaps_past_lease,
+                self.rw_stuck_reads,
+                self.rw_stuck_writes,
             ));
         }
         if self.fair_acquisitions > 0 {
             parts.push(format!(
                 "(i) fair (slack {} ms): ops {} (granted {}, timed out {}, errors {}), \
                  waiter pairs granted in order {}, out of order {} (+{} excused by faults), \
-                 valid overlaps {} (+{} after faults outside the guarantees)",
+                 valid overlaps {} (+{} after faults outside the guarantees), waits timed out on a free lock {}",
                 FAIR_SLACK.as_millis(),
                 self.fair_acquisitions,
                 self.fair_grants,
@@ -316,6 +329,7 @@ impl fmt::Display for RwReport {
                 self.fair_excused,
                 self.fair_overlaps,
                 self.fair_overlaps_unprotected,
+                self.fair_stuck,
             ));
         }
         write!(f, "{}", parts.join("; "))
@@ -338,6 +352,9 @@ pub fn check(events: &[Event], harness: &Harness, report: &mut Report) {
     report.rw.write_overlaps_unprotected = excused;
     report.rw.write_overlaps_past_lease = past;
     report.rw.shared_reads = shared;
+    let (reads, writes) = stuck_waits(&attempts(&rw), &held, harness, "rw", report);
+    report.rw.rw_stuck_reads = reads;
+    report.rw.rw_stuck_writes = writes;
 
     let fair: Vec<Event> = events.iter().filter(|e| e.on == On::Fair).cloned().collect();
     let mut counts = Report::default();
@@ -349,7 +366,9 @@ pub fn check(events: &[Event], harness: &Harness, report: &mut Report) {
     let (overlaps, excused, _, _) = conflicts(&held, harness, "fair", report);
     report.rw.fair_overlaps = overlaps;
     report.rw.fair_overlaps_unprotected = excused;
-    check_order(&fair, harness, report);
+    let waits = attempts(&fair);
+    report.rw.fair_stuck = stuck_waits(&waits, &held, harness, "fair", report).1;
+    check_order(waits, harness, report);
 }
 
 /// Whether `t` falls inside a window after a fault outside the guarantees.
@@ -415,6 +434,7 @@ fn conflicts(
 /// One fair-lock acquisition, from its `Waiting` line to its outcome.
 #[derive(Debug, Clone)]
 struct Attempt {
+    shared: bool,
     worker: u32,
     item: u32,
     sent: u64,
@@ -425,17 +445,16 @@ struct Attempt {
     granted: bool,
 }
 
-/// (i), per fair lock (see the module doc for the rule and its slack).
-fn check_order(events: &[Event], harness: &Harness, report: &mut Report) {
-    let slack = FAIR_SLACK.as_nanos() as u64;
-    let settle = FAULT_SETTLE.as_nanos() as u64;
+/// The acquisitions of `events`, from their `Waiting` lines to their outcomes.
+fn attempts(events: &[Event]) -> Vec<Attempt> {
     let mut pending: BTreeMap<(u32, u32), Attempt> = BTreeMap::new();
     let mut attempts: Vec<Attempt> = Vec::new();
     for ev in events {
         let key = (ev.worker, ev.task);
         match ev.kind {
-            Kind::Waiting { wait_ms } => {
+            Kind::Waiting { wait_ms, shared } => {
                 let attempt = Attempt {
+                    shared,
                     worker: ev.worker,
                     item: ev.item,
                     sent: ev.t,
@@ -447,10 +466,10 @@ fn check_order(events: &[Event], harness: &Harness, report: &mut Report) {
                     attempts.push(unanswered);
                 }
             }
-            Kind::Grant { .. } | Kind::Busy | Kind::Error(_) => {
+            Kind::Grant { .. } | Kind::Shared { .. } | Kind::Busy | Kind::Error(_) => {
                 if let Some(mut attempt) = pending.remove(&key) {
                     attempt.ended = Some(ev.t);
-                    attempt.granted = matches!(ev.kind, Kind::Grant { .. });
+                    attempt.granted = matches!(ev.kind, Kind::Grant { .. } | Kind::Shared { .. });
                     attempts.push(attempt);
                 }
             }
@@ -458,6 +477,91 @@ fn check_order(events: &[Event], harness: &Harness, report: &mut Report) {
         }
     }
     attempts.extend(pending.into_values());
+    attempts
+}
+
+/// Waits that timed out although their lock stood free (no section of it open, none of a killed
+/// holder within a lease of its death) for at least [`STUCK_FREE`] inside the wait,
+/// with no fault in or within [`FAULT_SETTLE`] before that stretch: a waiter nobody woke. A
+/// liveness finding, counted but not a violation. Returns (reads, exclusive) stuck.
+fn stuck_waits(
+    attempts: &[Attempt],
+    sections: &[Section],
+    harness: &Harness,
+    what: &str,
+    report: &mut Report,
+) -> (u64, u64) {
+    let settle = FAULT_SETTLE.as_nanos() as u64;
+    let free_for = STUCK_FREE.as_nanos() as u64;
+    // A killed holder's lease runs out at most a lease after its death.
+    let lease = harness.liveness_ns.saturating_sub(1_000_000_000);
+    let killed = |worker: u32, end: u64| {
+        harness
+            .crashes
+            .iter()
+            .any(|c| c.killed && c.worker == worker && c.t == end)
+    };
+    let (mut reads, mut exclusive) = (0, 0);
+    for a in attempts.iter().filter(|a| !a.granted) {
+        let Some(ended) = a.ended else { continue };
+        if ended + 1_000_000 < a.deadline {
+            continue; // an error, not a timeout
+        }
+        let mut busy: Vec<(u64, u64)> = sections
+            .iter()
+            .filter(|s| s.item == a.item && s.start < ended)
+            .map(|s| {
+                let end = if killed(s.worker, s.end) {
+                    s.end + lease
+                } else {
+                    s.end
+                };
+                (s.start, end)
+            })
+            .filter(|&(_, end)| end > a.sent)
+            .chain(harness.faults.iter().map(|&(f, t)| (f, t + settle)))
+            .collect();
+        busy.sort();
+        // The longest stretch of [sent, ended] that no section or fault covers.
+        let (mut at, mut longest, mut from) = (a.sent, 0, a.sent);
+        for (start, end) in busy {
+            let gap = start.min(ended).saturating_sub(at);
+            if gap > longest {
+                longest = gap;
+                from = at;
+            }
+            at = at.max(end);
+        }
+        if ended > at && ended - at > longest {
+            longest = ended - at;
+            from = at;
+        }
+        if longest < free_for {
+            continue;
+        }
+        if a.shared {
+            reads += 1;
+        } else {
+            exclusive += 1;
+        }
+        report.example(format!(
+            "{what} {}: worker {}'s {} wait timed out {} ms after it was sent, though the lock stood free \
+             from +{} ms for {} ms",
+            a.item,
+            a.worker,
+            if a.shared { "read" } else { "exclusive" },
+            (ended - a.sent) / 1_000_000,
+            (from - a.sent) / 1_000_000,
+            longest / 1_000_000,
+        ));
+    }
+    (reads, exclusive)
+}
+
+/// (i), per fair lock (see the module doc for the rule and its slack).
+fn check_order(attempts: Vec<Attempt>, harness: &Harness, report: &mut Report) {
+    let slack = FAIR_SLACK.as_nanos() as u64;
+    let settle = FAULT_SETTLE.as_nanos() as u64;
     // A waiter is live until its worker was killed; an attempt left open by a worker that stopped
     // at the end of the run was waiting until then.
     let killed_at = |worker: u32| {
@@ -633,8 +737,62 @@ mod tests {
     }
 
     #[test]
+    fn the_checker_counts_a_wait_that_nobody_woke() {
+        let waiting = |worker, t| {
+            ev(
+                worker,
+                On::Rw,
+                t,
+                Kind::Waiting {
+                    wait_ms: 3000,
+                    shared: true,
+                },
+            )
+        };
+        // A writer holds 0..1000 ms; a reader waits from 100 ms and times out at 3100 ms.
+        let history = |release: u64| {
+            let mut events = vec![
+                write(1, 0),
+                waiting(2, 100 * MS),
+                released(1, On::Rw, release),
+                ev(2, On::Rw, 3100 * MS, Kind::Busy),
+            ];
+            events.sort_by_key(|e| e.t);
+            events
+        };
+        let harness = Harness {
+            end: 10_000 * MS,
+            ..Harness::default()
+        };
+        let report = crate::history::check(&history(1000 * MS), &harness);
+        assert_eq!(report.rw.rw_stuck_reads, 1, "{report}");
+        assert_eq!(report.violations(), 0, "not a violation: {report}");
+        // Held until 2800 ms: free for 300 ms only.
+        let report = crate::history::check(&history(2800 * MS), &harness);
+        assert_eq!(report.rw.rw_stuck_reads, 0, "{report}");
+        // A fault in the free stretch explains it.
+        let faulted = Harness {
+            end: 10_000 * MS,
+            faults: vec![(1400 * MS, 2000 * MS)],
+            ..Harness::default()
+        };
+        let report = crate::history::check(&history(1000 * MS), &faulted);
+        assert_eq!(report.rw.rw_stuck_reads, 0, "{report}");
+    }
+
+    #[test]
     fn the_checker_finds_a_waiter_overtaken() {
-        let waiting = |worker, t| ev(worker, On::Fair, t, Kind::Waiting { wait_ms: 3000 });
+        let waiting = |worker, t| {
+            ev(
+                worker,
+                On::Fair,
+                t,
+                Kind::Waiting {
+                    wait_ms: 3000,
+                    shared: false,
+                },
+            )
+        };
         let grant = |worker, t| {
             ev(
                 worker,
