@@ -60,7 +60,10 @@ pub fn fair_name(i: u32) -> String {
 
 fn describe(err: &Error) -> String {
     match err {
-        Error::Quorum { .. } => "quorum".to_string(),
+        // Granted/answered of the masters: a split vote and an unreachable majority differ.
+        Error::Quorum {
+            granted, answered, ..
+        } => format!("quorum:{granted}/{answered}"),
         Error::Timeout(_) => "timeout".to_string(),
         other => other.to_string().replace(char::is_whitespace, "_"),
     }
