@@ -263,7 +263,7 @@ fn follow(live: &Live, event: &Event) {
     let tasks = live.entry(event.worker).or_default();
     let held = |phase| (event.on, event.item, phase);
     match event.kind {
-        Kind::Grant { .. } | Kind::Permit { .. } => {
+        Kind::Grant { .. } | Kind::Permit { .. } | Kind::Shared { .. } => {
             tasks.insert(event.task, held(Phase::Held));
         }
         Kind::Read {

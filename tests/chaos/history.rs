@@ -6,7 +6,8 @@
 //! reports (a) overlaps of sections whose lease was still valid, by the library's own `validity()`,
 //! (b) overlaps of sections past their lease and whether fencing caught them, (c) oversell and lost
 //! updates in the store, (d) how long locks of crashed holders took to be granted again. The lines
-//! of the semaphore and latch workloads are checked in `family.rs`.
+//! of the semaphore and latch workloads are checked in `family.rs`, those of the read-write and
+//! fair locks in `rw.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -49,6 +50,10 @@ pub enum On {
     Lock,
     Semaphore,
     Latch,
+    /// A read-write lock (`rw.rs`).
+    Rw,
+    /// A fair lock (`rw.rs`).
+    Fair,
 }
 
 impl On {
@@ -58,6 +63,8 @@ impl On {
             On::Lock => "",
             On::Semaphore => "s",
             On::Latch => "l",
+            On::Rw => "w",
+            On::Fair => "f",
         }
     }
 }
@@ -113,6 +120,13 @@ pub enum Kind {
     /// Latch: the reply to the task's last call, received at `t`: `true`/`false` (set, wait), the
     /// count left (count down), or `err:...`.
     Reply(String),
+    /// Read-write lock: the read side was granted; `valid_ns` is `validity()` read right after `t`.
+    /// (The write side's grant is a `Grant`, with its fencing token.)
+    Shared { valid_ns: u64 },
+    /// Fair or read-write lock: an acquisition bounded by `wait_ms` begins at `t` (`t` read before
+    /// it is sent), of a read side (`shared`) or an exclusive one; its `Grant`, `Shared`, `Busy` or
+    /// `Error` follows on the task's next line.
+    Waiting { wait_ms: u64, shared: bool },
 }
 
 /// One line of the history.
@@ -150,6 +164,10 @@ impl fmt::Display for Event {
             Kind::Holding { valid_ns } => write!(f, "holding {valid_ns}"),
             Kind::Call { op, arg } => write!(f, "call {} {arg}", op.name()),
             Kind::Reply(outcome) => write!(f, "reply {outcome}"),
+            Kind::Shared { valid_ns } => write!(f, "shared {valid_ns}"),
+            Kind::Waiting { wait_ms, shared } => {
+                write!(f, "waiting {wait_ms} {}", if *shared { "r" } else { "x" })
+            }
         }
     }
 }
@@ -164,6 +182,8 @@ impl Event {
         let (on, item) = match item.as_bytes().first() {
             Some(b's') => (On::Semaphore, &item[1..]),
             Some(b'l') => (On::Latch, &item[1..]),
+            Some(b'w') => (On::Rw, &item[1..]),
+            Some(b'f') => (On::Fair, &item[1..]),
             _ => (On::Lock, item),
         };
         let item = item.parse().ok()?;
@@ -211,6 +231,11 @@ impl Event {
                 arg: n(1)?,
             },
             "reply" => Kind::Reply(rest.join(" ")),
+            "shared" => Kind::Shared { valid_ns: n(0)? },
+            "waiting" => Kind::Waiting {
+                wait_ms: n(0)?,
+                shared: *rest.get(1)? == "r",
+            },
             _ => return None,
         };
         Some(Event {
@@ -254,6 +279,9 @@ pub struct Harness {
     /// Per semaphore, the permits `available()` reported once every holder had stopped and a lease
     /// had passed (a crashed holder's permits must be back by then).
     pub permits_at_end: BTreeMap<u32, u64>,
+    /// Every fault the nemesis injected, `[from, to]`: from its start until it was healed (a
+    /// crashed holder: until it was killed, or woken). The fair lock's order is judged outside them.
+    pub faults: Vec<(u64, u64)>,
 }
 
 /// One owner's possession of one lock (or of permits of one semaphore), rebuilt from the history.
@@ -264,6 +292,8 @@ pub struct Section {
     token: u64,
     /// 1 for a lock; the permits held for a semaphore.
     pub permits: u64,
+    /// A read-write lock's read side (shared with other readers).
+    pub shared: bool,
     pub start: u64,
     /// Release, loss, crash or the end of the run.
     pub end: u64,
@@ -305,6 +335,8 @@ pub struct Report {
     pub keys_left: u64,
     /// (f), (g) the semaphore's and the latch's checks.
     pub family: crate::family::FamilyReport,
+    /// (h), (i) the read-write lock's and the fair lock's checks.
+    pub rw: crate::rw::RwReport,
     pub examples: Vec<String>,
 }
 
@@ -318,6 +350,7 @@ impl Report {
             + self.liveness_misses
             + self.keys_left
             + self.family.violations()
+            + self.rw.violations()
     }
 
     pub fn example(&mut self, what: String) {
@@ -330,13 +363,16 @@ impl Report {
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // A run of the semaphore and latch workloads alone leaves out the lock's (a) to (d).
-        if self.family.is_empty() || self.acquisitions > 0 {
+        if (self.family.is_empty() && self.rw.is_empty()) || self.acquisitions > 0 {
             self.fmt_locks(f)?;
         } else {
             write!(f, "holder crashes {}; ", self.crashes)?;
         }
         if !self.family.is_empty() {
             write!(f, "{}; ", self.family)?;
+        }
+        if !self.rw.is_empty() {
+            write!(f, "{}; ", self.rw)?;
         }
         write!(
             f,
@@ -386,6 +422,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     check_store(&sections, harness, &mut report);
     check_liveness(&locks, harness, &mut report);
     crate::family::check(events, harness, &mut report);
+    crate::rw::check(events, harness, &mut report);
     report
 }
 
@@ -431,6 +468,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                         item: ev.item,
                         token: *token,
                         permits: 1,
+                        shared: false,
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
@@ -451,6 +489,28 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                         item: ev.item,
                         token: 0,
                         permits: *permits,
+                        shared: false,
+                        start: ev.t,
+                        end: u64::MAX,
+                        valid_end: ev.t + valid_ns,
+                        ops: Vec::new(),
+                    },
+                );
+            }
+            Kind::Shared { valid_ns } => {
+                report.acquisitions += 1;
+                report.grants += 1;
+                if let Some(stale) = open.remove(&key) {
+                    close(stale, ev.t, &mut done);
+                }
+                open.insert(
+                    key,
+                    Section {
+                        worker: ev.worker,
+                        item: ev.item,
+                        token: 0,
+                        permits: 1,
+                        shared: true,
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
@@ -463,7 +523,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                     claim(s, *valid_ns);
                 }
             }
-            Kind::Call { .. } | Kind::Reply(_) => {}
+            Kind::Call { .. } | Kind::Reply(_) | Kind::Waiting { .. } => {}
             Kind::Busy => {
                 report.acquisitions += 1;
                 report.busy += 1;
@@ -751,9 +811,20 @@ fn events_round_trip_through_their_lines() {
             arg: 1500,
         },
         Kind::Reply("err:timed_out".into()),
+        Kind::Shared {
+            valid_ns: 1_900_000_000,
+        },
+        Kind::Waiting {
+            wait_ms: 3000,
+            shared: true,
+        },
+        Kind::Waiting {
+            wait_ms: 3000,
+            shared: false,
+        },
     ];
     for kind in events {
-        for on in [On::Lock, On::Semaphore, On::Latch] {
+        for on in [On::Lock, On::Semaphore, On::Latch, On::Rw, On::Fair] {
             let event = Event {
                 worker: 3,
                 task: 4,

@@ -28,8 +28,15 @@
 //!     chaos_semaphore_and_latch_primary_with_replica    # one topology
 //! ```
 //!
-//! `RELOCK_CHAOS_THINK_MS` also bounds a short permit hold (4 times it); `RELOCK_CHAOS_SEED`
-//! replays a family run's schedule as it does a lock run's.
+//! The read-write lock and the fair lock have theirs too (see `rw.rs`), in the same two short runs:
+//! tasks that take the read side (mostly) or the write side of `rw-i`, checked for (h) no valid
+//! write section overlapping any other valid section of its lock; and tasks that wait in line for
+//! `fair-i`, checked for (i) live waiters granted in arrival order, within a slack of 100 ms
+//! (`rw::FAIR_SLACK`), and for (a) on the fair lock's own sections. The read-write lock alone also
+//! runs short on five masters with `MultiLock` (`chaos_rw_multilock_five_masters`).
+//!
+//! `RELOCK_CHAOS_THINK_MS` also bounds a short permit or read-write hold (4 times it);
+//! `RELOCK_CHAOS_SEED` replays a family run's schedule as it does a lock run's.
 //!
 //! Each run ends with one summary line: operations, faults by kind, each check's count, and
 //! `violations: N`. The history is kept in `target/tmp/chaos-*`.
@@ -41,6 +48,7 @@ mod cluster;
 mod family;
 mod history;
 mod nemesis;
+mod rw;
 mod store;
 mod worker;
 
@@ -294,6 +302,19 @@ async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u
         // The rule had something to judge: waits released after a round was armed.
         assert!(report.family.waits_judged > 0, "no wait was judged: {summary}");
     }
+    if workloads.contains(&Workload::Rw) {
+        assert!(
+            report.rw.reads_granted > 0 && report.rw.writes_granted > 0,
+            "no read or no write was granted: {summary}"
+        );
+    }
+    if workloads.contains(&Workload::Fair) {
+        // The rule had something to judge: waiters that arrived apart, granted in order.
+        assert!(
+            report.rw.fair_in_order > 0,
+            "no waiter pair was judged: {summary}"
+        );
+    }
     assert!(
         report.crashes > 0 || std::env::var("RELOCK_CHAOS_SEED").is_ok(),
         "no holder crashed: {summary}"
@@ -349,17 +370,30 @@ async fn chaos_cluster_with_synced_replicas() {
     assert_eq!(report.valid_overlaps_unprotected, 0);
 }
 
-/// The semaphore and the latch on one Redis, in one run (their tasks share the worker processes
-/// and the faults): (f) valid permits never over N and none missing at the end, (g) no waiter
-/// released before its round's count could have reached zero.
+/// The family's workloads that share the short runs on one Redis and on a primary with a replica.
+const FAMILY: &[Workload] = &[Workload::Semaphore, Workload::Latch, Workload::Rw, Workload::Fair];
+
+/// The semaphore, the latch, the read-write lock and the fair lock on one Redis, in one run (their
+/// tasks share the worker processes and the faults): (f) valid permits never over N and none
+/// missing at the end, (g) no waiter released before its round's count could have reached zero,
+/// (h) no valid write section overlapping another valid section of its read-write lock, (i) live
+/// fair-lock waiters granted in arrival order (and no two valid fair-lock sections overlapping).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_semaphore_and_latch_single_redis() {
-    run_workloads(Topology::Single, &[Workload::Semaphore, Workload::Latch], 13).await;
+    run_workloads(Topology::Single, FAMILY, 13).await;
 }
 
-/// The same on a primary with an asynchronous replica: neither primitive waits for replicas, so a
+/// The same on a primary with an asynchronous replica: no primitive here waits for replicas, so a
 /// failover is outside their guarantees (counted apart), the other faults are not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_semaphore_and_latch_primary_with_replica() {
-    run_workloads(Topology::Replicated, &[Workload::Semaphore, Workload::Latch], 13).await;
+    run_workloads(Topology::Replicated, FAMILY, 13).await;
+}
+
+/// The read-write lock by quorum on five masters (the fair lock is not offered on a `MultiLock`):
+/// (h) no valid write section overlapping another valid section of its lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rw_multilock_five_masters() {
+    let report = run_workloads(Topology::Multi, &[Workload::Rw], 10).await;
+    assert_eq!(report.rw.write_overlaps_unprotected, 0);
 }

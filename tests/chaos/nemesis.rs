@@ -121,7 +121,12 @@ impl Nemesis {
                 // clients that have recovered from the last fault, not only on servers that have.
                 recovered(cluster, healed, Duration::from_secs(20)).await;
             }
+            let from = now_ns();
             if self.inject(fault, cluster, harness).await {
+                // A crashed holder's window was recorded before the quiet time that follows it.
+                if !matches!(fault, Fault::KillHolder | Fault::StopHolder) {
+                    harness.faults.push((from, now_ns()));
+                }
                 *self.injected.entry(fault).or_default() += 1;
                 self.opening.clear();
             }
@@ -200,6 +205,7 @@ impl Nemesis {
                     tokio::time::sleep(pause).await;
                     signal(pid, libc::SIGCONT);
                 }
+                harness.faults.push((t, now_ns()));
                 harness.crashes.push(Crash {
                     worker: id,
                     t,
@@ -350,6 +356,8 @@ impl Nemesis {
         let name = match self.holder(cluster, None) {
             Some((_, items)) => match items[0] {
                 (On::Semaphore, i) => crate::family::semaphore_name(i),
+                (On::Rw, i) => crate::rw::rw_name(i),
+                (On::Fair, i) => crate::rw::fair_name(i),
                 (_, i) => format!("item-{i}"),
             },
             None => format!("item-{}", self.rng.below(u64::from(cluster.items()))),
@@ -382,6 +390,12 @@ async fn recovered(cluster: &Cluster, since: u64, bound: Duration) {
     if cluster.workloads().contains(&Workload::Semaphore) {
         items.extend((0..crate::family::SEMAPHORES).map(|i| (On::Semaphore, i)));
     }
+    if cluster.workloads().contains(&Workload::Rw) {
+        items.extend((0..crate::rw::RW_LOCKS).map(|i| (On::Rw, i)));
+    }
+    if cluster.workloads().contains(&Workload::Fair) {
+        items.extend((0..crate::rw::FAIR_LOCKS).map(|i| (On::Fair, i)));
+    }
     while tokio::time::Instant::now() < deadline {
         let workers: Vec<u32> = cluster.workers.iter().flatten().map(|w| w.id).collect();
         let (mut by_worker, mut by_item) = (BTreeSet::new(), BTreeSet::new());
@@ -390,7 +404,12 @@ async fn recovered(cluster: &Cluster, since: u64, bound: Duration) {
             if event.t + 1_000_000_000 < since {
                 break;
             }
-            if event.t > since && matches!(event.kind, Kind::Grant { .. } | Kind::Permit { .. }) {
+            if event.t > since
+                && matches!(
+                    event.kind,
+                    Kind::Grant { .. } | Kind::Permit { .. } | Kind::Shared { .. }
+                )
+            {
                 by_worker.insert(event.worker);
                 by_item.insert((event.on, event.item));
             }

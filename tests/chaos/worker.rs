@@ -12,6 +12,7 @@ use crate::support::Locks;
 
 use crate::family::{self, LatchRole};
 use crate::history::{now_ns, Event, Kind, On, Store};
+use crate::rw;
 use crate::{store, Rng, Topology};
 
 /// What the worker tasks exercise.
@@ -23,6 +24,10 @@ pub enum Workload {
     Semaphore,
     /// Arm, count down and wait for countdown latches.
     Latch,
+    /// Take the read side (mostly) or the write side of read-write locks.
+    Rw,
+    /// Wait in line for fair locks.
+    Fair,
 }
 
 impl Workload {
@@ -31,13 +36,21 @@ impl Workload {
             Workload::Lock => "lock",
             Workload::Semaphore => "semaphore",
             Workload::Latch => "latch",
+            Workload::Rw => "rw",
+            Workload::Fair => "fair",
         }
     }
 
     fn from_name(name: &str) -> Option<Workload> {
-        [Workload::Lock, Workload::Semaphore, Workload::Latch]
-            .into_iter()
-            .find(|w| w.name() == name)
+        [
+            Workload::Lock,
+            Workload::Semaphore,
+            Workload::Latch,
+            Workload::Rw,
+            Workload::Fair,
+        ]
+        .into_iter()
+        .find(|w| w.name() == name)
     }
 }
 
@@ -182,7 +195,7 @@ pub async fn run(settings: Settings) {
     // The family's tasks number from 100 (semaphore) and 200 (latch), apart from the lock's.
     let one = |locks: &Arc<Locks>| match &**locks {
         Locks::One(client) => client.clone(),
-        Locks::Quorum(_) => panic!("semaphores and latches are not offered on a MultiLock"),
+        Locks::Quorum(_) => panic!("semaphores, latches and fair locks are not offered on a MultiLock"),
     };
     if settings.workloads.contains(&Workload::Semaphore) {
         for (c, locks) in clients.iter().enumerate() {
@@ -215,6 +228,55 @@ pub async fn run(settings: Settings) {
             let locks = &clients[i % clients.len()];
             let run = family::use_latches(settings.clone(), task, role, rng(task), one(locks), stop.clone());
             tasks.push(tokio::spawn(run));
+        }
+    }
+    // The read-write lock's tasks number from 300, the fair lock's from 400.
+    if settings.workloads.contains(&Workload::Rw) {
+        let rw_locks = |locks: &Arc<Locks>| -> Vec<relock::RwLock> {
+            (0..rw::RW_LOCKS)
+                .map(|i| match &**locks {
+                    Locks::One(client) => client.rw_lock(&rw::rw_name(i)),
+                    Locks::Quorum(multi) => multi.rw_lock(&rw::rw_name(i)),
+                })
+                .collect()
+        };
+        for (c, locks) in clients.iter().enumerate() {
+            for t in 0..settings.tasks {
+                let task = 300 + c as u32 * settings.tasks + t;
+                let run = rw::read_and_write(
+                    settings.clone(),
+                    task,
+                    false,
+                    rng(task),
+                    rw_locks(locks),
+                    stop.clone(),
+                );
+                tasks.push(tokio::spawn(run));
+            }
+        }
+        // One long holder per worker, careful in some workers and naive in others.
+        let task = 300 + settings.clients * settings.tasks + settings.id % 2;
+        let run = rw::read_and_write(
+            settings.clone(),
+            task,
+            true,
+            rng(task),
+            rw_locks(&clients[0]),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(run));
+    }
+    if settings.workloads.contains(&Workload::Fair) {
+        for (c, locks) in clients.iter().enumerate() {
+            for t in 0..2 {
+                let task = 400 + c as u32 * 2 + t;
+                let client = one(locks);
+                let fair = (0..rw::FAIR_LOCKS)
+                    .map(|i| client.fair_lock(&rw::fair_name(i)))
+                    .collect();
+                let run = rw::wait_in_line(settings.clone(), task, rng(task), fair, stop.clone());
+                tasks.push(tokio::spawn(run));
+            }
         }
     }
     for task in tasks {
