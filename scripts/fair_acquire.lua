@@ -41,24 +41,32 @@ end
 
 -- A fair lock for `owner` (field): granted as acquire.lua grants, but only to the owner at the head
 -- of the queue when anyone waits (a reentrant acquisition of a live hold goes ahead). `enqueue`
--- (false, or ms): a refusal puts the owner in the queue, its waiter key living that long. Replies as acquire.lua's; a refusal's ttl is the sooner of
--- the holder's lease and the head waiter's (whichever ends first may make this owner's turn).
+-- (false, or ms): a refusal puts the owner in the queue, its waiter key living that long. Replies
+-- as acquire.lua's. A refusal because others are ahead gives as ttl the sooner of the holder's
+-- lease and the key of the waiter just ahead of this owner: a release wakes only the waiter it
+-- names, and should the one ahead be gone (crashed, cut off: nobody announces its key running
+-- out), this owner tries again as soon as its place is free.
 local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue)
   if not absent_or(queue, 'zset') then
     return wrong_type()
   end
   local id = owner_of(owner)
   local fresh = target == 1 or redis.call('HEXISTS', lock, owner) == 0
-  local head, head_ttl = false, -2
+  local head = false
   if fresh then
-    head, head_ttl = fair_head(queue)
+    head = fair_head(queue)
     if head and head ~= id then
-      local ttl = redis.call('PTTL', lock)
-      if ttl < 0 or (head_ttl >= 0 and head_ttl < ttl) then
-        ttl = head_ttl
-      end
       if enqueue and id then
         fair_join(queue, id, enqueue)
+      end
+      -- The waiter just ahead: of this owner's place, or of the back of the queue for a try.
+      local rank = id and redis.call('ZRANK', queue, id)
+      local ahead = rank and redis.call('ZRANGE', queue, rank - 1, rank - 1)
+        or redis.call('ZRANGE', queue, -1, -1)
+      local ttl = redis.call('PTTL', lock)
+      local ahead_ttl = #ahead == 1 and redis.call('PTTL', queue .. ':' .. ahead[1]) or -2
+      if ttl < 0 or (ahead_ttl >= 0 and ahead_ttl < ttl) then
+        ttl = ahead_ttl
       end
       return {0, ttl}
     end

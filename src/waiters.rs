@@ -59,18 +59,20 @@ impl Entry {
     }
 
     /// Turns one message into wake-ups: `*` (a latch opened, a read-write lock released) wakes
-    /// every waiter, a name the waiter of that name, anything else (a lock's release) one unnamed
-    /// waiter.
+    /// every waiter, names (separated by spaces: a fair lock's next waiters) the waiters of those
+    /// names, anything else (a lock's release) one unnamed waiter.
     fn deliver(&self, message: &[u8]) {
         if message == b"*" {
             return self.wake_all();
         }
         if !self.named.is_empty() {
-            if let Some((_, notify)) = std::str::from_utf8(message)
-                .ok()
-                .and_then(|name| self.named.get(name))
-            {
+            let names = std::str::from_utf8(message).unwrap_or_default().split(' ');
+            let mut found = false;
+            for (_, notify) in names.filter_map(|name| self.named.get(name)) {
                 notify.notify_one();
+                found = true;
+            }
+            if found {
                 return;
             }
         }
