@@ -22,7 +22,8 @@ use crate::Error;
 ///   and fresh read acquisitions wait behind it (a reader re-entering its own hold does not). The
 ///   record lives by a heartbeat that the watchdog keeps while the writer waits: a writer that
 ///   stops waiting removes it, and one that crashed holds readers back for at most one
-///   `watchdog_timeout`.
+///   `watchdog_timeout` after the last live writer stopped waiting (the waiting writers' records
+///   are one key, whose TTL their heartbeats share).
 /// - **Every reader's lease is its own**: a key per reader, renewed by the watchdog. One reader's
 ///   crash frees its own share within its lease and cuts no other reader's.
 /// - **Fencing tokens** come with the write lock; a read guard's token is 0.
