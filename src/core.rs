@@ -34,7 +34,7 @@ pub(crate) struct Core {
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
     /// The bounds of attempts (see `deadline.rs`).
-    pub(crate) deadlines: Deadlines,
+    deadlines: Deadlines,
     /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
     /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
     /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
@@ -158,14 +158,10 @@ impl Core {
             return Err(Error::Shutdown);
         }
         loop {
-            let (hold, _ops) = match until {
-                Some(until) => self
-                    .deadlines
-                    .within(until, self.holds.lock_hold(keys, owner))
-                    .await
-                    .ok_or(Error::Timeout(Duration::ZERO))?,
-                None => self.holds.lock_hold(keys, owner).await,
-            };
+            let (hold, _ops) = self
+                .within(until, self.holds.lock_hold(keys, owner))
+                .await
+                .ok_or(Error::Timeout(Duration::ZERO))?;
             let start = Instant::now();
             let own_bound = start + self.masters.attempt_bound();
             let bound = until.map_or(own_bound, |until| until.min(own_bound));
@@ -222,6 +218,18 @@ impl Core {
                 tracing::debug!(lock = %keys.name, owner = %owner, token, "lock acquired");
             }
             return Ok(Attempt::Granted(grant));
+        }
+    }
+
+    /// `future`, bounded by the caller's `until` if there is one: `None` if that passed first.
+    pub(crate) async fn within<F: std::future::Future>(
+        &self,
+        until: Option<Instant>,
+        future: F,
+    ) -> Option<F::Output> {
+        match until {
+            Some(until) => self.deadlines.within(until, future).await,
+            None => Some(future.await),
         }
     }
 

@@ -379,11 +379,7 @@ impl Lock {
                     upgrade_checked = true;
                     let reader = Arc::new(rw.reader(&owner));
                     let settled = self.core.holds.settled_active(&reader, &owner);
-                    let active = match until {
-                        Some(until) => self.core.deadlines.within(until, settled).await,
-                        None => Some(settled.await),
-                    };
-                    match active {
+                    match self.core.within(until, settled).await {
                         Some(false) => continue,
                         Some(true) => return Err(Error::Upgrade(name)),
                         None => return wait.ran_out_result(refused),
@@ -445,15 +441,11 @@ impl Lock {
         until: Option<Instant>,
     ) -> Result<LockGuard, Error> {
         let adopt = self.core.adopt_mark(place.clone(), owner);
-        let grant = match until {
-            Some(until) => self
-                .core
-                .deadlines
-                .within(until, adopt)
-                .await
-                .unwrap_or(Err(Error::Timeout(Duration::ZERO)))?,
-            None => adopt.await?,
-        };
+        let grant = self
+            .core
+            .within(until, adopt)
+            .await
+            .unwrap_or(Err(Error::Timeout(Duration::ZERO)))?;
         Ok(LockGuard::new(self.core.clone(), grant))
     }
 }

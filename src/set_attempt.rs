@@ -53,14 +53,10 @@ impl Core {
             // Every hold's operations, in the set's order: another set waits in the same order.
             let mut holds = Vec::with_capacity(keys.len());
             for lock in keys {
-                let held = match until {
-                    Some(until) => self
-                        .deadlines
-                        .within(until, self.holds.lock_hold(lock, owner))
-                        .await
-                        .ok_or(Error::Timeout(Duration::ZERO))?,
-                    None => self.holds.lock_hold(lock, owner).await,
-                };
+                let held = self
+                    .within(until, self.holds.lock_hold(lock, owner))
+                    .await
+                    .ok_or(Error::Timeout(Duration::ZERO))?;
                 holds.push(held);
             }
             let start = Instant::now();
@@ -90,8 +86,7 @@ impl Core {
             }
             let call = node.run_list(&scripts().lock_all, &names, args);
             let reply = self
-                .deadlines
-                .within(bound, call)
+                .within(Some(bound), call)
                 .await
                 .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
             // An error leaves the outcome unknown: the undos (on drop) bring every hold in line.
