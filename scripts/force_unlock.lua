@@ -6,12 +6,11 @@
 if ARGV[2] ~= 'PUBLISH' and ARGV[2] ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock force_unlock: unknown publish command')
 end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  return 0
+if not absent_or(KEYS[1], 'hash') then
+  return wrong_type()
 end
-if kind ~= 'hash' then
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
 end
 redis.call('DEL', KEYS[1])
 redis.call(ARGV[2], ARGV[1], ARGV[3] or '1')

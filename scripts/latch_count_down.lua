@@ -8,18 +8,16 @@
 if ARGV[3] ~= 'PUBLISH' and ARGV[3] ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock latch_count_down: unknown publish command')
 end
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
+if not absent_or(KEYS[1], 'hash') then
+  return wrong_type()
+end
+if redis.call('EXISTS', KEYS[1]) == 0 then
   return 0
 end
-if kind ~= 'hash' then
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-end
-local n = tonumber(redis.call('HGET', KEYS[1], 'count'))
-if not n then
+local left = latch_left(KEYS[1])
+if not left then
   return redis.error_reply('WRONGTYPE the key is a hash but not a relock latch')
 end
-local left = n - (redis.call('HLEN', KEYS[1]) - 1)
 if left > 0 and redis.call('HSETNX', KEYS[1], 'a:' .. ARGV[1], '1') == 1 then
   left = left - 1
 end

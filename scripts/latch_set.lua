@@ -5,13 +5,12 @@
 -- Returns 1 when set, 0 when the latch is still counting (nothing changed); a key of another type
 -- is an error, untouched. Setting (not adding) makes a resend harmless: the second call finds the
 -- latch counting and changes nothing.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind ~= 'none' then
-  if kind ~= 'hash' then
-    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-  end
-  local n = tonumber(redis.call('HGET', KEYS[1], 'count'))
-  if n and n - (redis.call('HLEN', KEYS[1]) - 1) > 0 then
+if not absent_or(KEYS[1], 'hash') then
+  return wrong_type()
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  local left = latch_left(KEYS[1])
+  if left and left > 0 then
     return 0
   end
   redis.call('DEL', KEYS[1])

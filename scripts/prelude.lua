@@ -11,6 +11,14 @@ local function absent_or(key, kind)
   return found == 'none' or found == kind
 end
 
+-- The WRONGTYPE error reply, as Redis's own commands give it.
 local function wrong_type()
   return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+end
+
+-- The count left of the countdown latch `key`, a hash (field `count`, and one field per arrival:
+-- see latch_set.lua), or false when that hash is no latch.
+local function latch_left(key)
+  local n = tonumber(redis.call('HGET', key, 'count'))
+  return n and n - (redis.call('HLEN', key) - 1)
 end

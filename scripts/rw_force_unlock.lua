@@ -8,12 +8,8 @@
 if ARGV[2] ~= 'PUBLISH' and ARGV[2] ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock rw_force_unlock: unknown publish command')
 end
-local kinds = {'hash', 'set', 'hash'}
-for i = 1, 3 do
-  local kind = redis.call('TYPE', KEYS[i])['ok']
-  if kind ~= 'none' and kind ~= kinds[i] then
-    return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
-  end
+if not absent_or(KEYS[1], 'hash') or not absent_or(KEYS[2], 'set') or not absent_or(KEYS[3], 'hash') then
+  return wrong_type()
 end
 local removed = redis.call('DEL', KEYS[1])
 for _, reader in ipairs(redis.call('SMEMBERS', KEYS[2])) do

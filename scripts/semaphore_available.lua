@@ -3,12 +3,11 @@
 -- gives the semaphore (N), used when none are stored.
 -- Returns {permits free, N in force}: holders whose key is gone (released, or lease ran out) count
 -- as free. A key of another type is an error.
-local kind = redis.call('TYPE', KEYS[1])['ok']
-if kind == 'none' then
-  return {tonumber(ARGV[1]), tonumber(ARGV[1])}
+if not absent_or(KEYS[1], 'hash') then
+  return wrong_type()
 end
-if kind ~= 'hash' then
-  return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return {tonumber(ARGV[1]), tonumber(ARGV[1])}
 end
 local permits = tonumber(redis.call('HGET', KEYS[1], 'permits')) or tonumber(ARGV[1])
 local used = 0

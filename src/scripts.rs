@@ -94,6 +94,16 @@ pub(crate) fn not_run(err: &RedisError) -> bool {
     is_noscript(err) || is_redirect(err)
 }
 
+/// A script file of `scripts/` with `prelude.lua`'s helpers before it.
+macro_rules! with_prelude {
+    ($file:literal) => {
+        concat!(
+            include_str!("../scripts/prelude.lua"),
+            include_str!(concat!("../scripts/", $file))
+        )
+    };
+}
+
 /// The batch script: the shared helpers, the acquire and release functions, then the loop that runs
 /// them.
 pub(crate) const BATCH: &str = concat!(
@@ -134,26 +144,14 @@ impl Scripts {
             // acquire.lua and release.lua define the functions that batch.lua runs.
             batch: Script::new("batch", BATCH),
             renew: Script::new("renew", include_str!("../scripts/renew.lua")),
-            force_unlock: Script::new("force_unlock", include_str!("../scripts/force_unlock.lua")),
+            force_unlock: Script::new("force_unlock", with_prelude!("force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
             inspect: Script::new("inspect", include_str!("../scripts/inspect.lua")),
-            latch_set: Script::new("latch_set", include_str!("../scripts/latch_set.lua")),
-            latch_count_down: Script::new(
-                "latch_count_down",
-                include_str!("../scripts/latch_count_down.lua"),
-            ),
-            latch_count: Script::new("latch_count", include_str!("../scripts/latch_count.lua")),
-            semaphore_acquire: Script::new(
-                "semaphore_acquire",
-                concat!(
-                    include_str!("../scripts/prelude.lua"),
-                    include_str!("../scripts/semaphore_acquire.lua")
-                ),
-            ),
-            semaphore_available: Script::new(
-                "semaphore_available",
-                include_str!("../scripts/semaphore_available.lua"),
-            ),
+            latch_set: Script::new("latch_set", with_prelude!("latch_set.lua")),
+            latch_count_down: Script::new("latch_count_down", with_prelude!("latch_count_down.lua")),
+            latch_count: Script::new("latch_count", with_prelude!("latch_count.lua")),
+            semaphore_acquire: Script::new("semaphore_acquire", with_prelude!("semaphore_acquire.lua")),
+            semaphore_available: Script::new("semaphore_available", with_prelude!("semaphore_available.lua")),
             // acquire.lua defines the function that lock_all.lua runs per lock.
             lock_all: Script::new(
                 "lock_all",
@@ -164,7 +162,7 @@ impl Scripts {
                 ),
             ),
             rw_state: Script::new("rw_state", include_str!("../scripts/rw_state.lua")),
-            rw_force_unlock: Script::new("rw_force_unlock", include_str!("../scripts/rw_force_unlock.lua")),
+            rw_force_unlock: Script::new("rw_force_unlock", with_prelude!("rw_force_unlock.lua")),
             inspect_semaphore: Script::new(
                 "inspect_semaphore",
                 include_str!("../scripts/inspect_semaphore.lua"),

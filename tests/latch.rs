@@ -133,7 +133,10 @@ async fn a_resent_count_down_counts_once() {
     assert!(latch.set_count(3).await.unwrap());
     // The same call twice, as a resend would deliver it: the script and arguments relock sends.
     let admin = support::fred_client(&server.url()).await;
-    let body = include_str!("../scripts/latch_count_down.lua");
+    let body = concat!(
+        include_str!("../scripts/prelude.lua"),
+        include_str!("../scripts/latch_count_down.lua")
+    );
     let channel = format!("{}:zero", latch_key(latch.name()));
     let args = vec!["call-1".to_string(), channel, "PUBLISH".to_string()];
     for _ in 0..2 {
