@@ -16,7 +16,6 @@
 --                                  queues the owner on refusal, its place kept for a fifth
 --                                  argument's ms; 'g' and 'G' on a quorum
 --   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
---   'u', the same                  as 'r', waking every waiter
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes one writer)
 --   'o', the same                  with KEYS write, waiting: a write hold (rw_write_release.lua)
 --   'm', the same                  with KEYS waiting, write: a waiting writer's mark (rw_unmark.lua)
@@ -55,44 +54,29 @@ for i = 1, tonumber(ARGV[1]) do
     k = k + 3
   elseif op == 'h' then
     ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    if ok then
-      reply = {reply}
-    end
     k = k + 2
   elseif op == 'z' then
     ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
       ARGV[a + 3], publish)
-    if ok then
-      reply = {reply}
-    end
     k = k + 3
   elseif op == 'o' then
     ok, reply = pcall(release_write, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    if ok then
-      reply = {reply}
-    end
     k = k + 2
   elseif op == 'm' then
     ok, reply = pcall(rw_unmark, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    if ok then
-      reply = {reply}
-    end
     k = k + 2
   elseif op == 'x' then
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
-    if ok then
-      reply = {reply}
-    end
     k = k + 2
   else
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish,
-      op == 'u' and '*' or '1', false)
-    if ok then
-      reply = {reply}
-    end
+    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
     k = k + 1
   end
   a = a + (marking[op] and 5 or 4)
+  -- A release's reply is a code: in a list, like the others'.
+  if ok and type(reply) == 'number' then
+    reply = {reply}
+  end
   if ok then
     -- An error reply of a function (a key of another type) is a table with `err`.
     if type(reply) == 'table' and reply.err then
