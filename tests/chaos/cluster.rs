@@ -236,12 +236,41 @@ impl Cluster {
 
     /// Keys on the lock servers other than fence counters, semaphore indexes (which keep the number
     /// of permits; a holder's key is checked) and latches (which have no lease: one still counting
-    /// at the end stays).
+    /// at the end stays). A read-write lock's set of readers and a fair lock's queue have no TTL
+    /// either: entries of crashed owners are dropped by a later call, so such a key counts as left
+    /// only while an owner it lists still has its key (a reader's, a waiter's: that key is left too).
     pub fn keys_left(&self) -> Vec<String> {
-        crate::support::keys_besides_fences(&self.lock_servers(), "*")
-            .into_iter()
-            .filter(|key| !key.ends_with(":sem") && !key.ends_with(":latch"))
-            .collect()
+        let mut left = Vec::new();
+        for server in self.lock_servers() {
+            for key in crate::support::keys_besides_fences(&[server], "*") {
+                let listed = if key.ends_with(":rw:readers") {
+                    Some(server.cmd(&["SMEMBERS", &key]))
+                } else if key.ends_with(":fair:queue") {
+                    Some(server.cmd(&["ZRANGE", &key, "0", "-1"]))
+                } else {
+                    None
+                };
+                let owned = match &listed {
+                    // A reader's entry is its key; a waiter's, its owner id after the queue's name.
+                    Some(crate::support::Reply::Array(items)) => {
+                        items.iter().filter_map(|i| i.as_str()).any(|entry| {
+                            let entry_key = if key.ends_with(":fair:queue") {
+                                format!("{key}:{entry}")
+                            } else {
+                                entry.to_string()
+                            };
+                            server.exists(&entry_key)
+                        })
+                    }
+                    Some(_) => true,
+                    None => !key.ends_with(":sem") && !key.ends_with(":latch"),
+                };
+                if owned {
+                    left.push(key);
+                }
+            }
+        }
+        left
     }
 }
 
