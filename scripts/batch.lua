@@ -1,7 +1,8 @@
 -- Runs a batch of acquisitions and releases in one call: the operations a client queued for one node
 -- while its previous call was in flight. prelude.lua and the files of the functions it runs are
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
--- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua.
+-- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua,
+-- transfer.lua.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
@@ -21,6 +22,9 @@
 --   'm', the same                  with KEYS waiting, write: a waiting writer's mark (rw_unmark.lua)
 --   'h', the same                  with KEYS lock, queue: a fair lock (fair_release.lua)
 --   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves (fair_leave.lua)
+--   't', from, to, lease ms, channel
+--                                  with KEYS lock, fence: a lock handed from one hold to another
+--                                  (transfer.lua)
 -- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
 -- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
 local out = {}
@@ -32,8 +36,9 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 local writes = {w = true, W = true, v = true, V = true}
 local fairs = {f = true, F = true, g = true, G = true}
--- The operations with a fifth argument (the lifetime of the mark a refusal leaves).
-local marking = {W = true, V = true, F = true, G = true}
+-- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
+-- channel).
+local five = {W = true, V = true, F = true, G = true, t = true}
 for i = 1, tonumber(ARGV[1]) do
   local ok, reply
   local op = ARGV[a]
@@ -42,7 +47,7 @@ for i = 1, tonumber(ARGV[1]) do
     k = k + 2
   elseif writes[op] then
     ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', marking[op] and tonumber(ARGV[a + 4]))
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', five[op] and tonumber(ARGV[a + 4]))
     k = k + 4
   elseif op == 'd' then
     ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
@@ -50,8 +55,12 @@ for i = 1, tonumber(ARGV[1]) do
     k = k + 4
   elseif fairs[op] then
     ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', marking[op] and tonumber(ARGV[a + 4]))
+      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five[op] and tonumber(ARGV[a + 4]))
     k = k + 3
+  elseif op == 't' then
+    ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
+      ARGV[a + 4], publish)
+    k = k + 2
   elseif op == 'h' then
     ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
     k = k + 2
@@ -72,7 +81,7 @@ for i = 1, tonumber(ARGV[1]) do
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
     k = k + 1
   end
-  a = a + (marking[op] and 5 or 4)
+  a = a + (five[op] and 5 or 4)
   -- A release's reply is a code: in a list, like the others'.
   if ok and type(reply) == 'number' then
     reply = {reply}

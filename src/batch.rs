@@ -65,6 +65,15 @@ pub(crate) enum Op {
         /// Whose hold: decides the operation and its other keys.
         kind: Kind,
     },
+    /// A plain lock handed from the hold `from` to a new hold `to` (see `scripts/transfer.lua`).
+    Transfer {
+        lock: Arc<str>,
+        fence: Arc<str>,
+        channel: Arc<str>,
+        from: Arc<str>,
+        to: Arc<str>,
+        lease_ms: i64,
+    },
 }
 
 impl Op {
@@ -237,7 +246,7 @@ async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
 impl Op {
     fn lock(&self) -> &str {
         match self {
-            Op::Acquire { lock, .. } | Op::Release { lock, .. } => lock,
+            Op::Acquire { lock, .. } | Op::Release { lock, .. } | Op::Transfer { lock, .. } => lock,
         }
     }
 }
@@ -344,6 +353,23 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                     Value::from(&**channel),
                 ]);
             }
+            Op::Transfer {
+                lock,
+                fence,
+                channel,
+                from,
+                to,
+                lease_ms,
+            } => {
+                keys.extend([Key::from(&**lock), Key::from(&**fence)]);
+                args.extend([
+                    Value::from("t"),
+                    Value::from(&**from),
+                    Value::from(&**to),
+                    Value::from(*lease_ms),
+                    Value::from(&**channel),
+                ]);
+            }
         }
     }
     (keys, args)
@@ -439,9 +465,7 @@ fn decode(op: &Op, value: Value) -> Result<Vec<i64>, Error> {
     };
     if let (Some(Value::Integer(-1)), Some(message)) = (items.first(), items.get(1)) {
         let message = message.as_string().unwrap_or_default();
-        let lock = match op {
-            Op::Acquire { lock, .. } | Op::Release { lock, .. } => lock,
-        };
+        let lock = op.lock();
         if message.contains("WRONGTYPE") {
             return Err(Error::WrongType(lock.to_string()));
         }

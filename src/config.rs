@@ -50,6 +50,7 @@ pub struct LockConfig {
     sync_replicas: usize,
     sync_timeout: Duration,
     metrics_lock_names: bool,
+    handoff_limit: u32,
 }
 
 impl Default for LockConfig {
@@ -63,6 +64,7 @@ impl Default for LockConfig {
             sync_replicas: 0,
             sync_timeout: Duration::from_secs(1),
             metrics_lock_names: false,
+            handoff_limit: 8,
         }
     }
 }
@@ -127,6 +129,28 @@ impl LockConfig {
     pub fn sync_timeout(mut self, timeout: Duration) -> Self {
         self.sync_timeout = timeout;
         self
+    }
+
+    /// How many times in a row a lock may pass straight from one owner of this client to another
+    /// that waits for it (one script call, the lock never free in between, no release message)
+    /// before a release frees it and wakes the waiters of every client. Default 8; 0 turns the
+    /// handoff off, so every release frees the lock.
+    ///
+    /// A handoff saves the waiter a round trip, and Redis the release message and the refused
+    /// attempts of the other clients' waiters; the limit bounds how long those wait behind this
+    /// client (about `limit` critical sections at a time). Only plain locks of a
+    /// [`LockClient`](crate::LockClient) without [`sync_replicas`](LockConfig::sync_replicas) are
+    /// handed over: a fair lock keeps its queue, a read-write lock its sides, and a
+    /// [`MultiLock`](crate::MultiLock) its majority.
+    pub fn handoff_limit(mut self, limit: u32) -> Self {
+        self.handoff_limit = limit;
+        self
+    }
+
+    /// How many handoffs in a row a lock may make (see
+    /// [`handoff_limit`](LockConfig::handoff_limit)).
+    pub fn get_handoff_limit(&self) -> u32 {
+        self.handoff_limit
     }
 
     /// Label the figures of the feature `metrics` with the lock's name (`lock="..."`). Default

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::config::LockConfig;
 use crate::deadline::Deadlines;
+use crate::handoff::Handoffs;
 use crate::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
 use crate::keys::LockKeys;
 use crate::quorum::{self, Masters, Round};
@@ -31,6 +32,8 @@ pub(crate) struct Core {
     pub(crate) masters: Masters,
     pub(crate) config: LockConfig,
     pub(crate) holds: Holds,
+    /// This client's waiters that a release may hand its lock to (see `handoff.rs`).
+    pub(crate) handoffs: Handoffs,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
     /// The bounds of attempts (see `deadline.rs`).
@@ -82,11 +85,13 @@ impl Core {
         jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     ) -> Core {
         let holds = Holds::new(config.get_metrics_lock_names());
+        let handoffs = Handoffs::new(config.get_handoff_limit());
         Core {
             id: Uuid::new_v4(),
             masters,
             config,
             holds,
+            handoffs,
             jobs,
             watchdog_kick: Arc::new(Notify::new()),
             deadlines: Deadlines::start(),

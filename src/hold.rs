@@ -285,6 +285,20 @@ impl Holds {
         active
     }
 
+    /// The hold of `owner` on `keys` with its operations serialised, if none is in progress.
+    pub(crate) fn try_lock_hold(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Arc<str>,
+    ) -> Option<(Arc<Hold>, OwnedMutexGuard<()>)> {
+        let hold = self.hold_for(keys, owner);
+        let ops = hold.ops.clone().try_lock_owned().ok()?;
+        if hold.state.lock().retired {
+            return None;
+        }
+        Some((hold, ops))
+    }
+
     /// Takes the hold of `owner` on `keys` with its operations serialised, looking it up again if it
     /// was retired while we waited.
     pub(crate) async fn lock_hold(

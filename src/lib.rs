@@ -79,6 +79,7 @@ mod core;
 mod deadline;
 mod error;
 mod guard;
+mod handoff;
 mod hold;
 mod inspect;
 mod keys;

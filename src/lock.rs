@@ -343,6 +343,7 @@ impl Lock {
                 subscriptions = joined;
             }
         }
+        let handoff = self.core.hands_over(&keys);
         let mut armed: Vec<Armed> = Vec::new();
         // The release message this waiter was woken by, until an attempt used it.
         let mut wake_up = WakeUp(None);
@@ -352,9 +353,34 @@ impl Lock {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
-            let (ttl, split) = match self.core.attempt(&keys, &owner, mode, until).await {
+            // Another owner of this client holds the lock: an attempt would be refused. This waiter
+            // waits for its turn (or the release, or that lease's end) without one. So it does
+            // right after this client ended a streak of handoffs, unless a release woke it.
+            let held_here = if handoff && !subscriptions.is_empty() {
+                let handoffs = &self.core.handoffs;
+                handoffs.held_here(&keys.lock, &owner).or_else(|| {
+                    wake_up
+                        .0
+                        .is_none()
+                        .then(|| handoffs.yielding(&keys.lock))
+                        .flatten()
+                })
+            } else {
+                None
+            };
+            let attempt = match held_here {
+                Some(deadline) => Ok(Attempt::Refused {
+                    ttl: Some(deadline.saturating_duration_since(Instant::now())),
+                    split: false,
+                }),
+                None => self.core.attempt(&keys, &owner, mode, until).await,
+            };
+            let (ttl, split) = match attempt {
                 Ok(Attempt::Granted(grant)) => {
                     wake_up.0 = None;
+                    if handoff {
+                        self.core.handoffs.granted(&keys.lock, &grant.hold, grant.gen);
+                    }
                     // The grant's script call removed the mark: its release has nothing to send. (On
                     // a quorum, masters that refused keep theirs until that release.)
                     if let Some(mark) = mark.take().filter(|_| self.core.masters.single()) {
@@ -424,9 +450,22 @@ impl Lock {
             let wake_at = wait.wake_at(delay);
             tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
             let released = futures::future::select_all(armed.drain(..));
+            // A release of another owner of this client may hand the lock over (see `handoff.rs`).
+            let mut ticket = handoff.then(|| self.core.enter_handoff(&keys, &owner, mode));
+            let handed = async {
+                match &mut ticket {
+                    Some(ticket) => (&mut ticket.grant).await.ok(),
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
                 () = tokio::time::sleep_until(wake_at) => {}
+                grant = handed => match grant {
+                    Some(grant) => return Ok(Some(LockGuard::new(self.core.clone(), grant))),
+                    // Taken, but not handed the lock: try at once.
+                    None => {}
+                },
             }
         }
     }

@@ -46,6 +46,15 @@ pub(crate) enum Released {
     Freed,
 }
 
+/// What one node said to a transfer (see [`Node::transfer`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Handed {
+    /// The releasing hold was there, and is gone.
+    pub(crate) released: bool,
+    /// The receiving hold's fencing token, if it got the lock.
+    pub(crate) token: Option<u64>,
+}
+
 /// The most commands fred buffers for a connection that is down; more fail at once. Each also
 /// fails after the node timeout and is then never sent, but fred frees it only at reconnect.
 const MAX_BUFFERED: usize = 4096;
@@ -391,6 +400,36 @@ impl Node {
             [1] => Ok(Released::StillHeld),
             [2] => Ok(Released::Freed),
             other => Err(unexpected("release", other)),
+        }
+    }
+
+    /// Hands a plain lock from the hold `from` to a new hold `to` with `lease` (through the node's
+    /// batcher): see `scripts/transfer.lua`.
+    pub(crate) async fn transfer(
+        &self,
+        keys: &LockKeys,
+        from: &Arc<str>,
+        to: &Arc<str>,
+        lease: Duration,
+    ) -> Result<Handed, Error> {
+        let op = || Op::Transfer {
+            lock: keys.lock.clone(),
+            fence: keys.fence.clone(),
+            channel: keys.channel.clone(),
+            from: from.clone(),
+            to: to.clone(),
+            lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
+        };
+        match self.run_batched(op).await?.as_slice() {
+            [released @ (0 | 1), 1, _, token] => Ok(Handed {
+                released: *released == 1,
+                token: Some(*token.max(&0) as u64),
+            }),
+            [released @ (0 | 1), 0, _] => Ok(Handed {
+                released: *released == 1,
+                token: None,
+            }),
+            other => Err(unexpected("transfer", other)),
         }
     }
 

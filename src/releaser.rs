@@ -120,8 +120,20 @@ async fn release_in_span(
         }
         return Ok(());
     }
+    // Another owner of this client waiting for the lock may be handed it in the same step.
+    if target == 0 && !was_lost {
+        if let Some(result) = core.hand_over(hold, gen, field).await {
+            core.holds.retire_if_idle(hold);
+            return result;
+        }
+    }
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
+    let sent = Instant::now();
     let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
+    if target == 0 {
+        // The lock is free (or was not ours): a handoff streak starts again.
+        core.handoffs.freed(&hold.keys.lock, sent.elapsed());
+    }
     {
         let mut st = hold.state.lock();
         if st.gen == gen {

@@ -117,6 +117,7 @@ pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/fair_acquire.lua"),
     include_str!("../scripts/fair_release.lua"),
     include_str!("../scripts/fair_leave.lua"),
+    include_str!("../scripts/transfer.lua"),
     include_str!("../scripts/batch.lua")
 );
 

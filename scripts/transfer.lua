@@ -1,0 +1,29 @@
+-- Hand a lock from one hold to another in one step (a function of the batch script, see batch.lua;
+-- uses acquire.lua's function): a client passes a lock it releases straight to another owner of its
+-- own that waits for it (see `handoff.rs`), so the lock is never free in between and nothing is
+-- published (the other clients' waiters are woken by a later release that publishes).
+-- lock, fence: as acquire.lua; from: the releasing hold's field (it goes, whatever its count);
+-- to: the receiving hold's field, a new hold (count 1, a new fencing token); lease: its lease in ms;
+-- channel, publish: as release.lua, used only when the lock is left free (see below).
+--
+-- Set, not incremented: a resend finds `from` gone and `to` holding with count 1, and leaves that.
+-- If `from` no longer held the lock (its hold was lost), `to` gets it only if it is free.
+-- Returns {released, 1, previous count of `to` (0), token} when handed over,
+--         {released, 0, remaining ttl in ms} when another owner holds the lock;
+-- released: 1 if `from`'s field was there and removed, else 0.
+-- A lock hash of another type fails before anything is written. If the acquisition fails after
+-- `from` went (a fence of another type, a write refused under `maxmemory`), the release is
+-- published as release.lua would, so that no waiter sleeps on a free lock, and the error raised.
+local function transfer(lock, fence, from, to, lease, channel, publish)
+  local released = redis.call('HDEL', lock, from)
+  local ok, reply = pcall(acquire, lock, fence, to, lease, 1, false)
+  if not ok or reply[1] ~= 1 then
+    if released == 1 and redis.call('EXISTS', lock) == 0 then
+      redis.call(publish, channel, '1')
+    end
+    if not ok then
+      error(reply)
+    end
+  end
+  return {released, unpack(reply)}
+end

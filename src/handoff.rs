@@ -1,0 +1,332 @@
+//! Local handoff: a plain lock that one owner of a client releases while another owner of the same
+//! client waits for it goes straight to that waiter, in one script call (`scripts/transfer.lua`):
+//! the releasing hold goes and the waiter's starts, with a new fencing token, in the same step. The
+//! lock is never free in between, so nothing is published: the waiter skips the release message
+//! and its own attempt (a round trip), and the other clients' waiters are not woken to be refused.
+//!
+//! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
+//! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
+//! most [`handoff_limit`](crate::LockConfig::handoff_limit) handoffs of a lock follow each other;
+//! then a release frees the lock and publishes, so that other clients' waiters get their turn.
+//!
+//! Only where one script call decides: plain locks on one master without synced writes.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use crate::core::{Core, UndoOnDrop};
+use crate::hold::{Grant, Hold, Job, LeaseMode};
+use crate::keys::{Kind, LockKeys};
+use crate::Error;
+
+/// How many round trips of the release that ended a streak this client's fresh attempts hold back
+/// (see [`Handoffs::yielding`]), within [`YIELD_MIN`] and [`YIELD_MAX`]: a release message reaches
+/// the other clients and their attempts come back in about two.
+const YIELD_RTTS: u32 = 4;
+const YIELD_MIN: Duration = Duration::from_millis(1);
+const YIELD_MAX: Duration = Duration::from_millis(20);
+
+/// The waiters of this client that a release may hand a lock to, by lock key.
+pub(crate) struct Handoffs {
+    queues: Mutex<HashMap<Arc<str>, Queue>>,
+    limit: u32,
+    ids: AtomicU64,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: VecDeque<Candidate>,
+    /// Handoffs of this lock since it was last freed by a release of this client.
+    streak: u32,
+    /// The hold and generation the last handoff went to, until a release of this client frees
+    /// the lock.
+    holder: Option<(Arc<Hold>, u64)>,
+    /// After a release that ended a streak, this client's fresh attempts wait until then (see
+    /// [`Handoffs::yielding`]).
+    yield_until: Option<Instant>,
+}
+
+impl Queue {
+    /// Nothing to remember: the entry can go.
+    fn idle(&self) -> bool {
+        self.waiting.is_empty()
+            && self.streak == 0
+            && self.yield_until.is_none_or(|until| until <= Instant::now())
+    }
+}
+
+/// A waiter that a release may hand the lock to.
+struct Candidate {
+    id: u64,
+    owner: Arc<str>,
+    mode: LeaseMode,
+    grant: oneshot::Sender<Grant>,
+}
+
+/// A waiter's place in the queue of its lock, while it sleeps. Dropping it leaves the queue; a
+/// grant that reached it but was never taken is given back (see [`Core::give_back`]).
+pub(crate) struct Ticket<'a> {
+    core: &'a Arc<Core>,
+    lock: Arc<str>,
+    id: u64,
+    /// The grant, if a release hands the lock over; closed if the release took this waiter but could
+    /// not hand it the lock (the waiter should try itself at once).
+    pub(crate) grant: oneshot::Receiver<Grant>,
+}
+
+impl Drop for Ticket<'_> {
+    fn drop(&mut self) {
+        // Closed first: a release that has not sent yet gives the grant back itself.
+        self.grant.close();
+        if let Ok(grant) = self.grant.try_recv() {
+            self.core.give_back(grant);
+        }
+        let mut queues = self.core.handoffs.queues.lock();
+        if let Some(queue) = queues.get_mut(&self.lock) {
+            queue.waiting.retain(|c| c.id != self.id);
+            if queue.idle() {
+                queues.remove(&self.lock);
+            }
+        }
+    }
+}
+
+impl Handoffs {
+    pub(crate) fn new(limit: u32) -> Handoffs {
+        Handoffs {
+            queues: Mutex::new(HashMap::new()),
+            limit,
+            ids: AtomicU64::new(0),
+        }
+    }
+
+    /// The first waiter for `lock` still there, other than `owner`; `None` when there is none or
+    /// the lock was handed over `limit` times in a row.
+    fn next(&self, lock: &str, owner: &str) -> Option<Candidate> {
+        let mut queues = self.queues.lock();
+        let queue = queues.get_mut(lock)?;
+        if queue.streak >= self.limit {
+            return None;
+        }
+        let at = queue
+            .waiting
+            .iter()
+            .position(|c| !c.grant.is_closed() && *c.owner != *owner)?;
+        queue.waiting.remove(at)
+    }
+
+    /// `lock` was handed over once more, to generation `gen` of `hold`.
+    fn handed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) {
+        if let Some(queue) = self.queues.lock().get_mut(lock) {
+            queue.streak += 1;
+            queue.holder = Some((hold.clone(), gen));
+        }
+    }
+
+    /// Generation `gen` of `hold` was granted `lock` by an attempt: if waiters of this client are
+    /// queued for it, they need not try while it is held (see [`held_here`](Handoffs::held_here)).
+    pub(crate) fn granted(&self, lock: &str, hold: &Arc<Hold>, gen: u64) {
+        if let Some(queue) = self.queues.lock().get_mut(lock) {
+            queue.holder = Some((hold.clone(), gen));
+        }
+    }
+
+    /// When the lease of the owner of this client that holds `lock` (by a handoff, or an attempt
+    /// while others of this client were queued) runs out, if that
+    /// is not `owner` and the hold is still active: an attempt of `owner` would be refused, so a
+    /// waiter skips it and waits (see [`Lock::attempts`](crate::Lock)).
+    pub(crate) fn held_here(&self, lock: &str, owner: &str) -> Option<Instant> {
+        let queues = self.queues.lock();
+        let (hold, gen) = queues.get(lock)?.holder.as_ref()?;
+        if *hold.owner == *owner {
+            return None;
+        }
+        let st = hold.state.lock();
+        (st.gen == *gen && st.active() && st.deadline > Instant::now()).then_some(st.deadline)
+    }
+
+    /// A release of this client left `lock` free (and told every client), its call taking `rtt`:
+    /// the streak starts again. If it ended a streak, this client's fresh attempts hold back for a
+    /// few such round trips (see [`yielding`](Handoffs::yielding)).
+    pub(crate) fn freed(&self, lock: &str, rtt: Duration) {
+        let mut queues = self.queues.lock();
+        if let Some(queue) = queues.get_mut(lock) {
+            if queue.streak >= self.limit {
+                queue.yield_until = Some(Instant::now() + (rtt * YIELD_RTTS).clamp(YIELD_MIN, YIELD_MAX));
+            }
+            queue.streak = 0;
+            queue.holder = None;
+            if queue.idle() {
+                queues.remove(lock);
+            }
+        }
+    }
+
+    /// Until when this client's attempts at `lock` that no release message woke hold back: right
+    /// after a release that ended a streak, the waiters its message woke (on every client, one
+    /// here too) get the lock first. Otherwise the owner that released, or another of this client,
+    /// trying again at once would take it back before any message arrives, and the limit would
+    /// let no other client in.
+    pub(crate) fn yielding(&self, lock: &str) -> Option<Instant> {
+        let queues = self.queues.lock();
+        let until = queues.get(lock)?.yield_until?;
+        (until > Instant::now()).then_some(until)
+    }
+}
+
+impl Core {
+    /// Queues `owner`, who waits for `keys` with lease `mode`, for a handoff.
+    pub(crate) fn enter_handoff(
+        self: &Arc<Self>,
+        keys: &LockKeys,
+        owner: &Arc<str>,
+        mode: LeaseMode,
+    ) -> Ticket<'_> {
+        let (tx, rx) = oneshot::channel();
+        let id = self.handoffs.ids.fetch_add(1, Ordering::Relaxed);
+        self.handoffs
+            .queues
+            .lock()
+            .entry(keys.lock.clone())
+            .or_default()
+            .waiting
+            .push_back(Candidate {
+                id,
+                owner: owner.clone(),
+                mode,
+                grant: tx,
+            });
+        Ticket {
+            core: self,
+            lock: keys.lock.clone(),
+            id,
+            grant: rx,
+        }
+    }
+
+    /// Gives back a grant no guard was made of (its waiter left): the hold goes as a dropped
+    /// guard's would.
+    pub(crate) fn give_back(self: &Arc<Self>, grant: Grant) {
+        if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
+            self.enqueue(Job::Release {
+                hold: grant.hold,
+                gen: grant.gen,
+                field: grant.field,
+                was_lost,
+                ops: None,
+            });
+        }
+    }
+
+    /// Whether waiters for `keys` may be handed the lock by a release (see the module doc).
+    pub(crate) fn hands_over(&self, keys: &LockKeys) -> bool {
+        matches!(keys.kind, Kind::Plain)
+            && self.handoffs.limit > 0
+            && self.masters.single()
+            && self.config.get_sync_replicas() == 0
+    }
+
+    /// Releases generation `gen` (field `field`) of `hold`, whose count is 0 here, by handing the
+    /// lock to the first waiter of this client, if there is one (see the module doc): `None` when
+    /// there is none (the caller releases as usual), else the release's outcome. Called with the
+    /// hold's `ops` lock held.
+    ///
+    /// A waiter whose own operations are busy is skipped (it tries itself). If the call's outcome
+    /// is unknown, both holds are brought in line in the background, and the waiter tries itself.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it mid-call leaves the outcome unknown: both holds are brought in line in the
+    /// background, and the waiter tries itself.
+    pub(crate) async fn hand_over(
+        self: &Arc<Self>,
+        hold: &Arc<Hold>,
+        gen: u64,
+        field: &Arc<str>,
+    ) -> Option<Result<(), Error>> {
+        if !self.hands_over(&hold.keys) || self.is_closed() {
+            return None;
+        }
+        if !self.masters.voters(self.quarantine())[0] {
+            return None;
+        }
+        let keys = &hold.keys;
+        let (candidate, to, to_ops) = loop {
+            let candidate = self.handoffs.next(&keys.lock, &hold.owner)?;
+            // The waiter's own operations (a release of an earlier guard, say) come first: it is
+            // left to try itself rather than this release waiting for them.
+            if let Some((to, ops)) = self.holds.try_lock_hold(keys, &candidate.owner) {
+                if !to.state.lock().active() {
+                    break (candidate, to, ops);
+                }
+                self.holds.retire_if_idle(&to);
+            }
+        };
+        let ask = self.ask(&to, &candidate.owner, candidate.mode);
+        let start = Instant::now();
+        let mut undo_from = UndoOnDrop {
+            core: self,
+            resync: Some(hold.resync(field, gen)),
+        };
+        let mut undo_to = UndoOnDrop {
+            core: self,
+            resync: Some(to.resync(&ask.field, ask.gen)),
+        };
+        let handed = self.masters.nodes[0]
+            .transfer(keys, field, &ask.field, ask.lease)
+            .await;
+        let handed = match handed {
+            Ok(handed) => handed,
+            Err(err) => {
+                // Unknown: both are brought in line once the server answers (the undos), and the
+                // waiter tries itself (its sender dropped).
+                self.holds.retire_if_idle(&to);
+                return Some(Err(err));
+            }
+        };
+        undo_from.resync = None;
+        undo_to.resync = None;
+        {
+            let mut st = hold.state.lock();
+            if st.gen == gen {
+                st.confirmed = handed.released.then_some(0);
+            }
+        }
+        if let Some(token) = handed.token {
+            let deadline = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
+            let grant = self.record_grant(&to, &ask, token, deadline, candidate.mode);
+            drop(to_ops);
+            match grant {
+                Some(grant) => {
+                    self.handoffs.handed(&keys.lock, &to, ask.gen);
+                    self.wake_watchdog_for(deadline);
+                    tracing::debug!(lock = %keys.name, from = %hold.owner, to = %candidate.owner, token, "lock handed over");
+                    if let Err(grant) = candidate.grant.send(grant) {
+                        // The waiter left meanwhile.
+                        self.give_back(grant);
+                    }
+                }
+                None => {
+                    // Shut down meanwhile: the new hold is removed in the background.
+                    self.enqueue(Job::Resync {
+                        resync: to.resync(&ask.field, ask.gen),
+                        on: vec![0],
+                    });
+                }
+            }
+        } else {
+            self.holds.retire_if_idle(&to);
+        }
+        if handed.released {
+            Some(Ok(()))
+        } else {
+            Some(Err(Error::NotHeld))
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Local handoff (`LockConfig::handoff_limit`): a release passes the lock straight to a waiter of the
+//! same client in one script call, without freeing it or publishing; the limit lets the waiters of
+//! other clients in; a waiter that leaves never strands a lock handed to it.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use relock::{LockClient, LockConfig, Owner};
+use support::{eventually, lock_key, unique_name, RedisServer};
+
+async fn client(server: &RedisServer, config: LockConfig) -> LockClient {
+    LockClient::connect_with(&server.url(), config)
+        .await
+        .expect("connect")
+}
+
+/// Default leases (30 s): a waiter left asleep by a missing release message would be seen.
+fn config(limit: u32) -> LockConfig {
+    LockConfig::default()
+        .handoff_limit(limit)
+        .command_timeout(Duration::from_secs(2))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_in_one_call() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff");
+    let here = client(&server, config(8)).await;
+    let there = client(&server, config(8)).await;
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let local = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    let lock = there.lock(&name);
+    let remote = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    // Both refused once and asleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!local.is_finished() && !remote.is_finished());
+
+    let (scripts, published) = (server.command_calls("evalsha"), server.command_calls("publish"));
+    let token = first.fencing_token();
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(2), local)
+        .await
+        .expect("the local waiter is handed the lock")
+        .unwrap();
+    assert!(second.fencing_token() > token, "a handoff draws a new token");
+    assert_eq!(
+        server.command_calls("evalsha") - scripts,
+        1,
+        "one script call: the transfer"
+    );
+    assert_eq!(
+        server.command_calls("publish") - published,
+        0,
+        "nothing is published"
+    );
+    assert!(server.exists(&lock_key(&name)));
+    assert!(!remote.is_finished(), "the other client's waiter sleeps on");
+
+    // No waiter of this client left: the release frees the lock and tells the other client.
+    let token = second.fencing_token();
+    second.release().await.unwrap();
+    let third = tokio::time::timeout(Duration::from_secs(2), remote)
+        .await
+        .expect("the other client's waiter is woken by the release")
+        .unwrap();
+    assert!(third.fencing_token() > token);
+    third.release().await.unwrap();
+    here.shutdown().await;
+    there.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_of_zero_frees_the_lock_on_every_release() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-off");
+    let here = client(&server, config(0)).await;
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let local = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let published = server.command_calls("publish");
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(2), local)
+        .await
+        .expect("woken by the release message")
+        .unwrap();
+    assert_eq!(server.command_calls("publish") - published, 1);
+    second.release().await.unwrap();
+    here.shutdown().await;
+}
+
+/// Owners of one client that keep taking a lock in turn would pass it among themselves forever;
+/// the limit frees it every few handoffs, and the other client's waiter gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_limit_lets_the_waiters_of_other_clients_in() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-limit");
+    let here = client(&server, config(2)).await;
+    let there = client(&server, config(2)).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tokens = Arc::new(Mutex::new(Vec::new()));
+    let mut busy = Vec::new();
+    for _ in 0..3 {
+        let lock = here.lock(&name);
+        let (stop, tokens) = (stop.clone(), tokens.clone());
+        busy.push(tokio::spawn(Owner::new().scope(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let guard = lock.acquire().await.unwrap();
+                tokens.lock().push(guard.fencing_token());
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                guard.release().await.unwrap();
+            }
+        })));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let got = there
+        .lock(&name)
+        .try_acquire_for(Duration::from_secs(5))
+        .await
+        .unwrap();
+    let guard = got.expect("the other client's waiter gets the lock well before the 30 s lease");
+    tokens.lock().push(guard.fencing_token());
+    guard.release().await.unwrap();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in busy {
+        task.await.unwrap();
+    }
+    let tokens = tokens.lock();
+    assert!(tokens.len() > 10);
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "fencing tokens rise with every section, handoffs included"
+    );
+    here.shutdown().await;
+    there.shutdown().await;
+}
+
+/// Waiters that give up at random moments (some while a handoff to them is on its way) leave no
+/// lock behind: once every task is done, the lock is free at once, not after its 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_leave_never_strand_the_lock() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-leave");
+    let here = client(&server, config(8)).await;
+    let admin = support::fred_client(&server.url()).await;
+    let counter = format!("count:{name}");
+    let granted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let lock = here.lock(&name);
+        let (admin, counter, granted) = (admin.clone(), counter.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            use fred::interfaces::KeysInterface;
+            for j in 0..60u64 {
+                // Waits of 0.2 to 3 ms: many end while a release is handing the lock over.
+                let wait = Duration::from_micros(200 + (i * 7919 + j * 104_729) % 2800);
+                let Ok(Some(guard)) = lock.try_acquire_for(wait).await else {
+                    continue;
+                };
+                granted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let value: Option<i64> = admin.get(&counter).await.unwrap();
+                let _: () = admin
+                    .set(&counter, value.unwrap_or(0) + 1, None, None, false)
+                    .await
+                    .unwrap();
+                if j % 2 == 0 {
+                    drop(guard);
+                } else {
+                    guard.release().await.unwrap();
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let granted = granted.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(granted > 0);
+    assert_eq!(
+        server.cmd(&["GET", &counter]).as_int(),
+        Some(granted as i64),
+        "every section ran alone"
+    );
+    assert!(
+        eventually(Duration::from_secs(2), || !server.exists(&lock_key(&name))).await,
+        "a lock handed to a waiter that left is released, not left for its lease"
+    );
+    here.shutdown().await;
+}
