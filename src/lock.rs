@@ -1,5 +1,6 @@
 //! `Lock`: the user's handle on one named lock, and the waiting loop.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -452,20 +453,19 @@ impl Lock {
             let released = futures::future::select_all(armed.drain(..));
             // A release of another owner of this client may hand the lock over (see `handoff.rs`).
             let mut ticket = handoff.then(|| self.core.enter_handoff(&keys, &owner, mode));
-            let handed = async {
-                match &mut ticket {
-                    Some(ticket) => (&mut ticket.grant).await.ok(),
-                    None => std::future::pending().await,
-                }
-            };
+            let handed = std::future::poll_fn(|cx| match &mut ticket {
+                Some(ticket) => std::pin::Pin::new(&mut ticket.grant).poll(cx).map(Result::ok),
+                None => std::task::Poll::Pending,
+            });
             tokio::select! {
                 (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
                 () = tokio::time::sleep_until(wake_at) => {}
-                grant = handed => match grant {
-                    Some(grant) => return Ok(Some(LockGuard::new(self.core.clone(), grant))),
+                grant = handed => {
+                    if let Some(grant) = grant {
+                        return Ok(Some(LockGuard::new(self.core.clone(), grant)));
+                    }
                     // Taken, but not handed the lock: try at once.
-                    None => {}
-                },
+                }
             }
         }
     }

@@ -121,8 +121,10 @@ async fn release_in_span(
         return Ok(());
     }
     // Another owner of this client waiting for the lock may be handed it in the same step.
-    if target == 0 && !was_lost {
-        if let Some(result) = core.hand_over(hold, gen, field).await {
+    if target == 0 && !was_lost && core.hands_over(&hold.keys) {
+        // Boxed: its future inside every release's would nest the types of an awaited release
+        // past the compiler's default depth.
+        if let Some(result) = Box::pin(core.hand_over(hold, gen, field)).await {
             core.holds.retire_if_idle(hold);
             return result;
         }
