@@ -306,6 +306,20 @@ impl Core {
         self.jobs.send((self.clone(), job)).is_ok()
     }
 
+    /// Gives back a grant no guard was made of (a handoff's waiter that left, a set given back whole): the hold goes as a dropped
+    /// guard's would.
+    pub(crate) fn give_back(self: &Arc<Self>, grant: Grant) {
+        if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
+            self.enqueue(Job::Release {
+                hold: grant.hold,
+                gen: grant.gen,
+                field: grant.field,
+                was_lost,
+                ops: None,
+            });
+        }
+    }
+
     /// Releases everything this client holds and stops its background work. Bounded: the releases
     /// get two node timeouts (what they do not finish expires with its lease), closing the
     /// connections half a second more.

@@ -210,20 +210,6 @@ impl Core {
         }
     }
 
-    /// Gives back a grant no guard was made of (its waiter left): the hold goes as a dropped
-    /// guard's would.
-    pub(crate) fn give_back(self: &Arc<Self>, grant: Grant) {
-        if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
-            self.enqueue(Job::Release {
-                hold: grant.hold,
-                gen: grant.gen,
-                field: grant.field,
-                was_lost,
-                ops: None,
-            });
-        }
-    }
-
     /// Whether waiters for `keys` may be handed the lock by a release (see the module doc).
     pub(crate) fn hands_over(&self, keys: &LockKeys) -> bool {
         matches!(keys.kind, Kind::Plain)

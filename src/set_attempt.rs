@@ -9,7 +9,7 @@ use fred::types::Value;
 use tokio::time::Instant;
 
 use crate::core::{Ask, Core, UndoOnDrop};
-use crate::hold::{Grant, Job, LeaseMode};
+use crate::hold::{Grant, LeaseMode};
 use crate::keys::LockKeys;
 use crate::quorum;
 use crate::scripts::scripts;
@@ -145,15 +145,7 @@ impl Core {
                     }
                     // All or none: what was granted goes back, as a dropped guard's level does.
                     for grant in grants {
-                        if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
-                            self.enqueue(Job::Release {
-                                hold: grant.hold,
-                                gen: grant.gen,
-                                field: grant.field,
-                                was_lost,
-                                ops: None,
-                            });
-                        }
+                        self.give_back(grant);
                     }
                     if self.is_closed() {
                         return Err(Error::Shutdown);
