@@ -61,6 +61,14 @@ impl Queue {
     }
 }
 
+/// A waiter that a release will hand the lock to, with its hold's operations taken (see
+/// [`Core::taker`]).
+pub(crate) struct Taker {
+    candidate: Candidate,
+    hold: Arc<Hold>,
+    ops: tokio::sync::OwnedMutexGuard<()>,
+}
+
 /// A waiter that a release may hand the lock to.
 struct Candidate {
     id: u64,
@@ -218,12 +226,38 @@ impl Core {
             && self.config.get_sync_replicas() == 0
     }
 
+    /// The waiter of this client that a release of `hold` at count 0 may hand the lock to, with
+    /// its hold and that hold's operations taken: the first queued one whose operations are not
+    /// busy (one that is busy, with a release of an earlier guard say, is left to try itself
+    /// rather than the release waiting for it). `None`: release as usual. No I/O.
+    pub(crate) fn taker(&self, hold: &Hold) -> Option<Taker> {
+        if !self.hands_over(&hold.keys) || self.is_closed() {
+            return None;
+        }
+        let keys = &hold.keys;
+        loop {
+            let candidate = self.handoffs.next(&keys.lock, &hold.owner)?;
+            if !self.masters.voters(self.quarantine())[0] {
+                return None;
+            }
+            if let Some((to, ops)) = self.holds.try_lock_hold(keys, &candidate.owner) {
+                if !to.state.lock().active() {
+                    return Some(Taker {
+                        candidate,
+                        hold: to,
+                        ops,
+                    });
+                }
+                self.holds.retire_if_idle(&to);
+            }
+        }
+    }
+
     /// Releases generation `gen` (field `field`) of `hold`, whose count is 0 here, by handing the
-    /// lock to the first waiter of this client, if there is one (see the module doc): `None` when
-    /// there is none (the caller releases as usual), else the release's outcome. Called with the
-    /// hold's `ops` lock held.
+    /// lock to `taker` (see the module doc and [`taker`](Core::taker)); returns the release's
+    /// outcome. Called with the hold's `ops` lock held.
     ///
-    /// A waiter whose own operations are busy is skipped (it tries itself). If the call's outcome
+    /// If the call's outcome
     /// is unknown, both holds are brought in line in the background, and the waiter tries itself.
     ///
     /// # Cancel safety
@@ -235,25 +269,14 @@ impl Core {
         hold: &Arc<Hold>,
         gen: u64,
         field: &Arc<str>,
-    ) -> Option<Result<(), Error>> {
-        if !self.hands_over(&hold.keys) || self.is_closed() {
-            return None;
-        }
-        if !self.masters.voters(self.quarantine())[0] {
-            return None;
-        }
+        taker: Taker,
+    ) -> Result<(), Error> {
         let keys = &hold.keys;
-        let (candidate, to, to_ops) = loop {
-            let candidate = self.handoffs.next(&keys.lock, &hold.owner)?;
-            // The waiter's own operations (a release of an earlier guard, say) come first: it is
-            // left to try itself rather than this release waiting for them.
-            if let Some((to, ops)) = self.holds.try_lock_hold(keys, &candidate.owner) {
-                if !to.state.lock().active() {
-                    break (candidate, to, ops);
-                }
-                self.holds.retire_if_idle(&to);
-            }
-        };
+        let Taker {
+            candidate,
+            hold: to,
+            ops: to_ops,
+        } = taker;
         let ask = self.ask(&to, &candidate.owner, candidate.mode);
         let start = Instant::now();
         let mut undo_from = UndoOnDrop {
@@ -273,7 +296,7 @@ impl Core {
                 // Unknown: both are brought in line once the server answers (the undos), and the
                 // waiter tries itself (its sender dropped).
                 self.holds.retire_if_idle(&to);
-                return Some(Err(err));
+                return Err(err);
             }
         };
         undo_from.resync = None;
@@ -310,9 +333,9 @@ impl Core {
             self.holds.retire_if_idle(&to);
         }
         if handed.released {
-            Some(Ok(()))
+            Ok(())
         } else {
-            Some(Err(Error::NotHeld))
+            Err(Error::NotHeld)
         }
     }
 }

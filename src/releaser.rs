@@ -121,13 +121,12 @@ async fn release_in_span(
         return Ok(());
     }
     // Another owner of this client waiting for the lock may be handed it in the same step.
-    if target == 0 && !was_lost && core.hands_over(&hold.keys) {
+    if let Some(taker) = (target == 0 && !was_lost).then(|| core.taker(hold)).flatten() {
         // Boxed: its future inside every release's would nest the types of an awaited release
-        // past the compiler's default depth.
-        if let Some(result) = Box::pin(core.hand_over(hold, gen, field)).await {
-            core.holds.retire_if_idle(hold);
-            return result;
-        }
+        // past the compiler's default depth (and be moved with it every time).
+        let result = Box::pin(core.hand_over(hold, gen, field, taker)).await;
+        core.holds.retire_if_idle(hold);
+        return result;
     }
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
     let sent = Instant::now();
