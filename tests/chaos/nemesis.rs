@@ -105,7 +105,16 @@ impl Nemesis {
     /// needs in `harness`.
     pub async fn run(&mut self, cluster: &mut Cluster, harness: &mut Harness, until: u64) {
         let mut healed = now_ns();
+        // Every run must see a holder crash: one whose schedule drew none by half its fault window
+        // draws from the holder faults from then on (earlier draws, and so every schedule that had
+        // one by then, stay as their seeds replay them).
+        let halfway = healed + until.saturating_sub(healed) / 2;
         while now_ns() < until {
+            let crashed = self.injected.contains_key(&Fault::KillHolder)
+                || self.injected.contains_key(&Fault::StopHolder);
+            if !crashed && self.opening.is_empty() && now_ns() >= halfway {
+                self.opening = vec![Fault::KillHolder, Fault::StopHolder];
+            }
             let gap = self
                 .rng
                 .between(Duration::from_millis(200), Duration::from_millis(800));
