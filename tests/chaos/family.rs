@@ -32,7 +32,7 @@ use std::time::Duration;
 use relock::{Error, LockClient};
 
 use crate::history::{now_ns, sections, Event, Harness, Kind, On, Op, Report, Section};
-use crate::worker::Settings;
+use crate::worker::{describe, hold_plan, Settings};
 use crate::Rng;
 
 /// How many semaphores and latches the workers share.
@@ -66,13 +66,6 @@ fn emit_at(worker: u32, task: u32, on: On, item: u32, t: u64, kind: Kind) {
         kind,
     };
     println!("{event}");
-}
-
-fn describe(err: &Error) -> String {
-    match err {
-        Error::Timeout(_) => "timeout".to_string(),
-        other => other.to_string().replace(char::is_whitespace, "_"),
-    }
 }
 
 /// One semaphore task's loop: take 1 or 2 permits of a random semaphore, hold them (a moment, or
@@ -126,21 +119,7 @@ pub async fn hold_permits(
             t,
             Kind::Permit { permits: n, valid_ns },
         );
-        let (hold, step) = if long {
-            (
-                rng.between(Duration::from_secs(1), Duration::from_secs(3)),
-                (Duration::from_millis(100), Duration::from_millis(400)),
-            )
-        } else {
-            (
-                rng.between(Duration::ZERO, settings.think * 4),
-                (
-                    Duration::from_millis(5),
-                    settings.think.max(Duration::from_millis(6)),
-                ),
-            )
-        };
-        let steps: Vec<Duration> = (0..64).map(|_| rng.between(step.0, step.1)).collect();
+        let (hold, steps) = hold_plan(&mut rng, &settings, long);
         let work = async {
             let until = tokio::time::Instant::now() + hold;
             for step in steps {
@@ -339,14 +318,6 @@ pub fn check(events: &[Event], harness: &Harness, report: &mut Report) {
     check_latches(&latch, harness, report);
 }
 
-/// Whether `t` falls inside a window after a fault outside the guarantees.
-fn unprotected(harness: &Harness, t: u64) -> bool {
-    harness
-        .unprotected
-        .iter()
-        .any(|(from, to)| (*from..=*to).contains(&t))
-}
-
 /// (f): the valid permits only grow at a grant, so checking at every grant checks every instant.
 fn check_permits(sections: &[Section], harness: &Harness, report: &mut Report) {
     let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
@@ -371,7 +342,7 @@ fn check_permits(sections: &[Section], harness: &Harness, report: &mut Report) {
             if valid_permits <= permits {
                 continue;
             }
-            if unprotected(harness, b.start) {
+            if harness.unprotected_at(b.start) {
                 report.family.over_permits_unprotected += 1;
                 continue;
             }

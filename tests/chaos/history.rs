@@ -284,6 +284,15 @@ pub struct Harness {
     pub faults: Vec<(u64, u64)>,
 }
 
+impl Harness {
+    /// Whether `t` falls in a window after a fault the guarantees do not cover.
+    pub fn unprotected_at(&self, t: u64) -> bool {
+        self.unprotected
+            .iter()
+            .any(|(from, to)| (*from..=*to).contains(&t))
+    }
+}
+
 /// One owner's possession of one lock (or of permits of one semaphore), rebuilt from the history.
 #[derive(Debug, Clone)]
 pub struct Section {
@@ -455,7 +464,14 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
             }
         };
         match &ev.kind {
-            Kind::Grant { token, valid_ns } => {
+            // A grant opens a section: a lock's (with its token), permits, or a shared read.
+            Kind::Grant { .. } | Kind::Permit { .. } | Kind::Shared { .. } => {
+                let (token, permits, shared, valid_ns) = match ev.kind {
+                    Kind::Grant { token, valid_ns } => (token, 1, false, valid_ns),
+                    Kind::Permit { permits, valid_ns } => (0, permits, false, valid_ns),
+                    Kind::Shared { valid_ns } => (0, 1, true, valid_ns),
+                    _ => unreachable!("matched above"),
+                };
                 report.acquisitions += 1;
                 report.grants += 1;
                 if let Some(stale) = open.remove(&key) {
@@ -466,51 +482,9 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                     Section {
                         worker: ev.worker,
                         item: ev.item,
-                        token: *token,
-                        permits: 1,
-                        shared: false,
-                        start: ev.t,
-                        end: u64::MAX,
-                        valid_end: ev.t + valid_ns,
-                        ops: Vec::new(),
-                    },
-                );
-            }
-            Kind::Permit { permits, valid_ns } => {
-                report.acquisitions += 1;
-                report.grants += 1;
-                if let Some(stale) = open.remove(&key) {
-                    close(stale, ev.t, &mut done);
-                }
-                open.insert(
-                    key,
-                    Section {
-                        worker: ev.worker,
-                        item: ev.item,
-                        token: 0,
-                        permits: *permits,
-                        shared: false,
-                        start: ev.t,
-                        end: u64::MAX,
-                        valid_end: ev.t + valid_ns,
-                        ops: Vec::new(),
-                    },
-                );
-            }
-            Kind::Shared { valid_ns } => {
-                report.acquisitions += 1;
-                report.grants += 1;
-                if let Some(stale) = open.remove(&key) {
-                    close(stale, ev.t, &mut done);
-                }
-                open.insert(
-                    key,
-                    Section {
-                        worker: ev.worker,
-                        item: ev.item,
-                        token: 0,
-                        permits: 1,
-                        shared: true,
+                        token,
+                        permits,
+                        shared,
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
@@ -589,11 +563,7 @@ fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) 
                     expired.insert((stale.worker, stale.start));
                     continue;
                 }
-                let excused = harness
-                    .unprotected
-                    .iter()
-                    .any(|(from, to)| (*from..=*to).contains(&b.start));
-                if excused {
+                if harness.unprotected_at(b.start) {
                     report.valid_overlaps_unprotected += 1;
                 } else {
                     report.valid_overlaps += 1;

@@ -31,7 +31,7 @@ use std::time::Duration;
 use relock::{Error, Lock};
 
 use crate::history::{now_ns, sections, Event, Harness, Kind, On, Report, Section};
-use crate::worker::Settings;
+use crate::worker::{describe, hold_plan, Settings};
 use crate::Rng;
 
 /// How many read-write locks and fair locks the workers share.
@@ -56,17 +56,6 @@ pub fn rw_name(i: u32) -> String {
 
 pub fn fair_name(i: u32) -> String {
     format!("fair-{i}")
-}
-
-fn describe(err: &Error) -> String {
-    match err {
-        // Granted/answered of the masters: a split vote and an unreachable majority differ.
-        Error::Quorum {
-            granted, answered, ..
-        } => format!("quorum:{granted}/{answered}"),
-        Error::Timeout(_) => "timeout".to_string(),
-        other => other.to_string().replace(char::is_whitespace, "_"),
-    }
 }
 
 /// One read-write task's loop: take the read side (mostly) or the write side of a random lock,
@@ -130,21 +119,7 @@ pub async fn read_and_write(
         } else {
             emit(t, Kind::Shared { valid_ns });
         }
-        let (hold, step) = if long {
-            (
-                rng.between(Duration::from_secs(1), Duration::from_secs(3)),
-                (Duration::from_millis(100), Duration::from_millis(400)),
-            )
-        } else {
-            (
-                rng.between(Duration::ZERO, settings.think * 4),
-                (
-                    Duration::from_millis(5),
-                    settings.think.max(Duration::from_millis(6)),
-                ),
-            )
-        };
-        let steps: Vec<Duration> = (0..64).map(|_| rng.between(step.0, step.1)).collect();
+        let (hold, steps) = hold_plan(&mut rng, &settings, long);
         let work = async {
             let until = tokio::time::Instant::now() + hold;
             for step in steps {
@@ -374,14 +349,6 @@ pub fn check(events: &[Event], harness: &Harness, report: &mut Report) {
     check_order(waits, harness, report);
 }
 
-/// Whether `t` falls inside a window after a fault outside the guarantees.
-fn unprotected(harness: &Harness, t: u64) -> bool {
-    harness
-        .unprotected
-        .iter()
-        .any(|(from, to)| (*from..=*to).contains(&t))
-}
-
 /// Overlaps of conflicting sections (at least one not shared) of one lock: (valid, valid after a
 /// fault outside the guarantees, past a lease, valid shared pairs).
 fn conflicts(
@@ -412,7 +379,7 @@ fn conflicts(
                     past += 1;
                     continue;
                 }
-                if unprotected(harness, b.start) {
+                if harness.unprotected_at(b.start) {
                     excused += 1;
                     continue;
                 }

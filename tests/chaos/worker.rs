@@ -344,12 +344,7 @@ async fn sell(
                 continue;
             }
             Err(err) => {
-                let what = match err {
-                    Error::Quorum { .. } => "quorum".to_string(),
-                    Error::Timeout(_) => "timeout".to_string(),
-                    other => other.to_string().replace(char::is_whitespace, "_"),
-                };
-                emit(item, now_ns(), Kind::Error(what));
+                emit(item, now_ns(), Kind::Error(describe(&err)));
                 // A bounded back-off: the servers may be down for a while.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
@@ -427,4 +422,38 @@ async fn sell(
         };
         emit(item, t, Kind::Release(outcome));
     }
+}
+
+/// An error as a worker's history line names it (one word).
+pub fn describe(err: &Error) -> String {
+    match err {
+        // Granted/answered of the masters: a split vote and an unreachable majority differ.
+        Error::Quorum {
+            granted, answered, ..
+        } => format!("quorum:{granted}/{answered}"),
+        Error::Timeout(_) => "timeout".to_string(),
+        other => other.to_string().replace(char::is_whitespace, "_"),
+    }
+}
+
+/// How long a semaphore or read-write task holds what it took, and the steps at which it says its
+/// validity: a moment (up to four think times, steps of 5 ms to a think time), or with `long` 1 to
+/// 3 s across renewals (steps of 100 to 400 ms).
+pub fn hold_plan(rng: &mut Rng, settings: &Settings, long: bool) -> (Duration, Vec<Duration>) {
+    let (hold, step) = if long {
+        (
+            rng.between(Duration::from_secs(1), Duration::from_secs(3)),
+            (Duration::from_millis(100), Duration::from_millis(400)),
+        )
+    } else {
+        (
+            rng.between(Duration::ZERO, settings.think * 4),
+            (
+                Duration::from_millis(5),
+                settings.think.max(Duration::from_millis(6)),
+            ),
+        )
+    };
+    let steps = (0..64).map(|_| rng.between(step.0, step.1)).collect();
+    (hold, steps)
 }
