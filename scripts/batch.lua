@@ -2,7 +2,10 @@
 -- while its previous call was in flight. prelude.lua and the files of the functions it runs are
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
 -- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua,
--- transfer.lua.
+-- transfer.lua. A second script, for plain locks only (operations 'a', 'q', 'r', 't'), prepends only
+-- prelude.lua, acquire.lua, release.lua and transfer.lua (`BATCH_PLAIN` in `scripts.rs`): every call
+-- defines its functions anew, and most calls need no others. The client sends any other operation
+-- to the full script only.
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or

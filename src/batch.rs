@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use crate::keys::{Kind, LockKeys};
 use crate::link::NodeClient;
-use crate::scripts::scripts;
+use crate::scripts::{scripts, Script};
 use crate::Error;
 
 /// The most operations in one call: bounds the time one call blocks the server.
@@ -233,11 +233,14 @@ async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
     for group in &groups {
         crate::telemetry::batch(group.len());
     }
-    let calls = groups
+    let calls: Vec<Call> = groups
         .iter()
         .map(|group| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
         .collect();
-    let results = link.call_many::<Vec<Value>>(&scripts().batch, calls).await;
+    // One script for the round: the plain one only if every call can take it.
+    let script = batch_script(calls.iter().all(|call| call.plain));
+    let calls = calls.into_iter().map(|call| (call.keys, call.args)).collect();
+    let results = link.call_many::<Vec<Value>>(script, calls).await;
     for (group, result) in groups.into_iter().zip(results) {
         answer(&link, group, result).await;
     }
@@ -251,8 +254,27 @@ impl Op {
     }
 }
 
-/// The keys and arguments of the batch script for `ops`.
-fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec<Key>, Vec<Value>) {
+/// One call of the batch script: its keys and arguments, and which batch script runs them.
+struct Call {
+    keys: Vec<Key>,
+    args: Vec<Value>,
+    /// Every operation is a plain lock's: the lighter [`BATCH_PLAIN`](crate::scripts::BATCH_PLAIN)
+    /// runs them.
+    plain: bool,
+}
+
+/// The batch script for calls of which `plain` says whether all are plain.
+fn batch_script(plain: bool) -> &'static Script {
+    if plain {
+        &scripts().batch_plain
+    } else {
+        &scripts().batch
+    }
+}
+
+/// The call of the batch script for `ops`.
+fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> Call {
+    let mut plain = true;
     let mut keys = Vec::with_capacity(ops.len() * 2);
     let mut args = Vec::with_capacity(2 + ops.len() * 4);
     args.push(Value::from(ops.len() as i64));
@@ -305,6 +327,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                         }
                     }
                 };
+                plain &= matches!(code, "a" | "q");
                 args.extend([
                     Value::from(code),
                     Value::from(&**owner),
@@ -346,6 +369,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
                         "z"
                     }
                 };
+                plain &= code == "r";
                 args.extend([
                     Value::from(code),
                     Value::from(&**owner),
@@ -372,7 +396,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> (Vec
             }
         }
     }
-    (keys, args)
+    Call { keys, args, plain }
 }
 
 /// Hands each operation of one call its reply.
@@ -448,9 +472,9 @@ async fn undo_unsynced(
     if undos.is_empty() {
         return;
     }
-    let (keys, args) = encode(undos.iter(), link.topology.publish());
+    let call = encode(undos.iter(), link.topology.publish());
     if let Err(err) = link
-        .call_unwaited::<Vec<Value>>(&scripts().batch, keys, args)
+        .call_unwaited::<Vec<Value>>(batch_script(call.plain), call.keys, call.args)
         .await
     {
         // The caller's background undo (it got an error) sets these holds right once it can.

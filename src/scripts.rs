@@ -104,7 +104,7 @@ macro_rules! with_prelude {
     };
 }
 
-/// The batch script: the shared helpers, the acquire and release functions, then the loop that runs
+/// The batch script: the shared helpers, the functions of every operation, then the loop that runs
 /// them.
 pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/prelude.lua"),
@@ -121,9 +121,22 @@ pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/batch.lua")
 );
 
+/// The batch script for plain locks only (operations `a`, `q`, `r`, `t`): the same loop with only
+/// the functions those run. Every call of a script defines all its functions anew, so leaving out
+/// the read-write and fair locks' saves the server about half a microsecond per call (the common
+/// calls are plain).
+pub(crate) const BATCH_PLAIN: &str = concat!(
+    include_str!("../scripts/prelude.lua"),
+    include_str!("../scripts/acquire.lua"),
+    include_str!("../scripts/release.lua"),
+    include_str!("../scripts/transfer.lua"),
+    include_str!("../scripts/batch.lua")
+);
+
 /// Every script relock runs.
 pub(crate) struct Scripts {
     pub(crate) batch: Script,
+    pub(crate) batch_plain: Script,
     pub(crate) renew: Script,
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
@@ -144,6 +157,8 @@ impl Scripts {
         Scripts {
             // acquire.lua and release.lua define the functions that batch.lua runs.
             batch: Script::new("batch", BATCH),
+            // The same name in figures and logs: which batch script ran is a detail.
+            batch_plain: Script::new("batch", BATCH_PLAIN),
             renew: Script::new("renew", include_str!("../scripts/renew.lua")),
             force_unlock: Script::new("force_unlock", with_prelude!("force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
@@ -176,6 +191,7 @@ impl Scripts {
     pub(crate) async fn load_all<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
         for script in [
             &self.batch,
+            &self.batch_plain,
             &self.renew,
             &self.force_unlock,
             &self.raise_fence,

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, LockGuard, Owner};
-use support::{eventually, lock_key, unique_name, RedisServer};
+use support::{eventually, lock_key, unique_name, RedisServer, Reply};
 use tokio::time::Instant;
 
 async fn client(server: &RedisServer) -> LockClient {
@@ -227,6 +227,50 @@ async fn a_fence_counter_ahead_of_the_clock_is_exceeded() {
             Some((ahead + i).to_string().as_str())
         );
         guard.release().await.unwrap();
+    }
+}
+
+/// With the counter missing or behind, a new hold's token is the server's clock in microseconds,
+/// read between the `TIME` before the acquisition and the one after it: seconds and
+/// microseconds joined, with the microseconds padded to six digits. Draws go on until one fell in
+/// the first tenth of a second, where a missing pad would lose digits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_token_is_the_server_clock_in_microseconds() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let name = unique_name("clock");
+    let fence = format!("{}:fence", lock_key(&name));
+    let micros = || {
+        let Reply::Array(time) = server.cmd(&["TIME"]) else {
+            panic!("TIME is no array")
+        };
+        let [seconds, micros] = [&time[0], &time[1]].map(|part| part.as_int().unwrap() as u64);
+        seconds * 1_000_000 + micros
+    };
+    let give_up = Instant::now() + Duration::from_secs(30);
+    let mut draws = 0;
+    loop {
+        // Half the time the counter is gone (a restart without persistence), else it is behind.
+        if draws % 2 == 0 {
+            server.cmd(&["DEL", &fence]);
+        }
+        let before = micros();
+        let guard = client.lock(&name).acquire().await.unwrap();
+        let after = micros();
+        let token = guard.fencing_token();
+        assert!(
+            before <= token && token <= after,
+            "{before} <= {token} <= {after}"
+        );
+        guard.release().await.unwrap();
+        draws += 1;
+        if draws >= 20 && token % 1_000_000 < 100_000 && before / 1_000_000 == token / 1_000_000 {
+            break;
+        }
+        assert!(
+            Instant::now() < give_up,
+            "no draw in the first tenth of a second in {draws}"
+        );
     }
 }
 
