@@ -273,12 +273,13 @@ fn batch_script(plain: bool) -> &'static Script {
 }
 
 /// The call of the batch script for `ops`.
-fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> Call {
+fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str) -> Call {
     let mut plain = true;
     let mut keys = Vec::with_capacity(ops.len() * 2);
     let mut args = Vec::with_capacity(2 + ops.len() * 4);
     args.push(Value::from(ops.len() as i64));
-    args.push(Value::from(publish));
+    // Static strings are sent without a copy.
+    args.push(Value::from_static_str(publish));
     for op in ops {
         match op {
             Op::Acquire {
@@ -329,7 +330,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> Call
                 };
                 plain &= matches!(code, "a" | "q");
                 args.extend([
-                    Value::from(code),
+                    Value::from_static_str(code),
                     Value::from(&**owner),
                     Value::from(*lease_ms),
                     Value::from(*target),
@@ -371,7 +372,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> Call
                 };
                 plain &= code == "r";
                 args.extend([
-                    Value::from(code),
+                    Value::from_static_str(code),
                     Value::from(&**owner),
                     Value::from(*target),
                     Value::from(&**channel),
@@ -387,7 +388,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &str) -> Call
             } => {
                 keys.extend([Key::from(&**lock), Key::from(&**fence)]);
                 args.extend([
-                    Value::from("t"),
+                    Value::from_static_str("t"),
                     Value::from(&**from),
                     Value::from(&**to),
                     Value::from(*lease_ms),

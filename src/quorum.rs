@@ -150,67 +150,55 @@ pub(crate) async fn acquire(
 
     // Masters that may have forgotten locks they granted (restarted), or that repeat another one,
     // do not vote (`voters`).
-    let mut pending: FuturesUnordered<_> = masters
-        .nodes
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| voters[*i])
-        .map(|(i, node)| async move { (i, node.acquire(keys, field, lease, target, in_step).await) })
-        .collect();
     if voters.iter().any(|v| !v) {
         tracing::debug!(lock = %keys.name, voters = voters.iter().filter(|v| **v).count(), "restarted or repeated masters sit out");
     }
-    let mut refused = vec![false; nodes];
-    let mut granted: Vec<(usize, u64, u64)> = Vec::new();
-    // Re-entry: grants from masters that had the hold, and masters that said it is not there.
-    let mut backing = 0;
-    let mut denied = 0;
-    let mut answered = 0;
-    let mut ttl: Option<Duration> = None;
-    let mut error: Option<Error> = None;
-    while let Some((i, vote)) = pending.next().await {
-        match vote {
-            Ok(Vote::Granted { prev, token }) => {
-                answered += 1;
-                granted.push((i, prev, token));
-                if reentry && prev > 0 {
-                    backing += 1;
-                } else if reentry {
-                    denied += 1;
-                }
-            }
-            Ok(Vote::Busy { ttl: left }) => {
-                answered += 1;
-                refused[i] = true;
-                denied += 1;
-                ttl = match (ttl, left) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-            }
-            Err(err) => {
-                if err.is_refusal() {
-                    answered += 1;
-                    refused[i] = true;
-                    denied += 1;
-                }
-                tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "acquire request failed");
-                if error.is_none() || err.is_refusal() {
-                    error = Some(err);
-                }
-            }
+    let mut tally = Tally {
+        reentry,
+        refused: vec![false; nodes],
+        granted: Vec::new(),
+        backing: 0,
+        denied: 0,
+        answered: 0,
+        ttl: None,
+        error: None,
+    };
+    let ask = |i: usize| {
+        let node = &masters.nodes[i];
+        async move { (i, node.acquire(keys, field, lease, target, in_step).await) }
+    };
+    let mut voting = (0..nodes).filter(|i| voters[*i]);
+    match (voting.next(), voting.next()) {
+        // One voter (a `LockClient`'s master): its request is awaited by itself, not through a
+        // `FuturesUnordered` (two allocations more, and the request moved). Boxed, as there: the
+        // node's future inline would nest every caller's future as deep as the whole request
+        // (callers that await an acquisition a few levels down reached rustc's default limit).
+        (Some(only), None) => {
+            let (i, vote) = Box::pin(ask(only)).await;
+            tally.add(masters, keys, i, vote);
         }
-        let decided = if reentry {
-            backing >= needed || denied > nodes - needed
-        } else {
-            granted.len() >= needed || refused.iter().filter(|r| **r).count() > nodes - needed
-        };
-        if decided {
-            break;
+        (first, second) => {
+            let mut pending: FuturesUnordered<_> =
+                first.into_iter().chain(second).chain(voting).map(ask).collect();
+            while let Some((i, vote)) = pending.next().await {
+                tally.add(masters, keys, i, vote);
+                if tally.decided(needed) {
+                    break;
+                }
+            }
+            // The rest have been sent; dropping them stops only the waiting.
         }
     }
-    // The rest have been sent; dropping them stops only the waiting.
-    drop(pending);
+    let Tally {
+        reentry: _,
+        refused,
+        granted,
+        backing,
+        denied,
+        answered,
+        ttl,
+        error,
+    } = tally;
 
     let deadline = start + lease.saturating_sub(masters.config.drift(lease));
     if reentry && backing >= needed && deadline > Instant::now() {
@@ -263,6 +251,70 @@ pub(crate) async fn acquire(
         split: !granted.is_empty(),
         stragglers,
     })
+}
+
+/// The answers of one round so far.
+struct Tally {
+    /// The round is a re-entry (see [`acquire`]).
+    reentry: bool,
+    /// Masters that refused (another owner holds the lock, or a refusal error).
+    refused: Vec<bool>,
+    /// Masters that granted: index, previous count, token.
+    granted: Vec<(usize, u64, u64)>,
+    /// Re-entry: grants from masters that had the hold, and masters that said it is not there.
+    backing: usize,
+    denied: usize,
+    answered: usize,
+    /// The shortest time left of the lock where refused.
+    ttl: Option<Duration>,
+    error: Option<Error>,
+}
+
+impl Tally {
+    /// Whether the answers so far decide the round: a majority backs it, or so many said otherwise
+    /// that no majority can come.
+    fn decided(&self, needed: usize) -> bool {
+        let nodes = self.refused.len();
+        if self.reentry {
+            self.backing >= needed || self.denied > nodes - needed
+        } else {
+            self.granted.len() >= needed || self.refused.iter().filter(|r| **r).count() > nodes - needed
+        }
+    }
+
+    fn add(&mut self, masters: &Masters, keys: &LockKeys, i: usize, vote: Result<Vote, Error>) {
+        match vote {
+            Ok(Vote::Granted { prev, token }) => {
+                self.answered += 1;
+                self.granted.push((i, prev, token));
+                if self.reentry && prev > 0 {
+                    self.backing += 1;
+                } else if self.reentry {
+                    self.denied += 1;
+                }
+            }
+            Ok(Vote::Busy { ttl: left }) => {
+                self.answered += 1;
+                self.refused[i] = true;
+                self.denied += 1;
+                self.ttl = match (self.ttl, left) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            Err(err) => {
+                if err.is_refusal() {
+                    self.answered += 1;
+                    self.refused[i] = true;
+                    self.denied += 1;
+                }
+                tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "acquire request failed");
+                if self.error.is_none() || err.is_refusal() {
+                    self.error = Some(err);
+                }
+            }
+        }
+    }
 }
 
 /// Writes `token` back to the granting nodes that drew less; returns how many granting nodes
@@ -322,16 +374,19 @@ pub(crate) async fn release_on(
     target: u32,
     nodes: &[usize],
 ) -> Release {
-    let requests = nodes
-        .iter()
-        .map(|&i| async move { (i, masters.nodes[i].release(keys, field, target).await) });
+    let ask = |i: usize| async move { (i, masters.nodes[i].release(keys, field, target).await) };
+    let outcomes = match nodes {
+        // One node (a `LockClient`'s master): boxed by itself, as in `acquire`.
+        [only] => vec![Box::pin(ask(*only)).await],
+        _ => futures::future::join_all(nodes.iter().map(|&i| ask(i))).await,
+    };
     let mut out = Release {
         held: 0,
         not_held: 0,
         silent: Vec::new(),
         error: None,
     };
-    for (i, outcome) in futures::future::join_all(requests).await {
+    for (i, outcome) in outcomes {
         match outcome {
             Ok(Released::NotHeld) => out.not_held += 1,
             Ok(Released::StillHeld | Released::Freed) => out.held += 1,

@@ -9,6 +9,8 @@ pub(crate) struct Script {
     pub(crate) name: &'static str,
     body: &'static str,
     sha: String,
+    /// `sha` as an argument: cloned without a copy.
+    sha_arg: Value,
 }
 
 /// `EVALSHA` as a custom command, so that it runs with the per-command options of the caller's
@@ -20,10 +22,12 @@ fn evalsha(slot: u16) -> CustomCommand {
 
 impl Script {
     fn new(name: &'static str, body: &'static str) -> Script {
+        let sha = fred::util::sha1_hash(body);
         Script {
             name,
             body,
-            sha: fred::util::sha1_hash(body),
+            sha_arg: Value::from(sha.as_str()),
+            sha,
         }
     }
 
@@ -43,7 +47,7 @@ impl Script {
             fred::types::cluster::ClusterRouting::hash_key(key.as_bytes())
         });
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::from(self.sha.as_str()));
+        call.push(self.sha_arg.clone());
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
