@@ -12,7 +12,8 @@
 -- Returns {1, previous count of this owner (0 if none), token} when granted,
 --         {0, remaining ttl in ms} when another owner holds the lock.
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: the lock is read, and
--- the fence read or swapped (a SET ... GET on another type fails without writing), before any write.
+-- the fence read, swapped or incremented (SET ... GET and INCR on another type fail without writing),
+-- before any write.
 local function acquire(lock, fence, owner, lease, target, in_step)
   -- A free lock (the common case) needs no look at its fields: one PTTL (-2: no such key) instead
   -- of HGET and HKEYS; a refusal reports the same PTTL.
@@ -62,10 +63,15 @@ local function acquire(lock, fence, owner, lease, target, in_step)
     local now_digits = t[1] .. string.sub('00000' .. t[2], -6)
     local now = tonumber(now_digits)
     if in_step then
-      local second = tonumber(t[1]) * 1000000
-      local stored = redis.call('GET', fence)
-      token = math.max(tonumber(stored or '0') + 1, stored and second or now)
-      redis.call('SET', fence, string.format('%.0f', token))
+      -- The counter plus one, in one command: INCR is the read and the write of the step. Only at
+      -- the first draw of a second (or with the counter missing: INCR gives 1) is the floor above
+      -- it, and written over it. A resend draws once more, as a GET and SET would: tokens only rise.
+      token = redis.call('INCR', fence)
+      local floor_digits = token == 1 and now_digits or (t[1] .. '000000')
+      if token < tonumber(floor_digits) then
+        redis.call('SET', fence, floor_digits)
+        token = tonumber(floor_digits)
+      end
     else
       local counter = tonumber(redis.call('SET', fence, now_digits, 'GET') or '0')
       token = now
