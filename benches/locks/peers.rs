@@ -64,6 +64,51 @@ impl Contender for RelockPermit {
     }
 }
 
+/// The thinnest lock on relock's own driver, fred: `SET key owner NX PX` to acquire, a
+/// compare-and-delete script (`GET`, then `DEL`) to release, as rslock does over redis-rs. Not a
+/// peer: its cycles show what fred itself costs, below anything relock adds.
+pub struct FredSetNx {
+    pub client: fred::clients::Client,
+    pub key: String,
+    /// The SHA of the release script, loaded once.
+    pub release_sha: Arc<str>,
+}
+
+/// The compare-and-delete script of [`FredSetNx`].
+pub const FRED_RELEASE: &str =
+    "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end";
+
+impl Contender for FredSetNx {
+    type Held = ();
+    const LIBRARY: Library = Library::FredSetNx;
+
+    async fn acquire(&self) -> Option<()> {
+        use fred::interfaces::KeysInterface;
+        let set: Option<String> = self
+            .client
+            .set(
+                self.key.as_str(),
+                "fred-owner",
+                Some(fred::types::Expiration::PX(LEASE.as_millis() as i64)),
+                Some(fred::types::SetOptions::NX),
+                false,
+            )
+            .await
+            .expect("fred SET NX");
+        set.map(|_| ())
+    }
+
+    async fn release(&self, (): ()) -> bool {
+        use fred::interfaces::LuaInterface;
+        let deleted: i64 = self
+            .client
+            .evalsha(&*self.release_sha, vec![self.key.as_str()], vec!["fred-owner"])
+            .await
+            .expect("fred release");
+        deleted == 1
+    }
+}
+
 /// rslock: `SET NX PX` on every master, `retry_count` tries with a pause drawn from
 /// `0..retry_delay` whole milliseconds between them (the failed try's keys deleted first).
 pub struct Rslock {

@@ -289,7 +289,9 @@ lock's figure over the plain lock's of the same run. Fair lock handoff: the hot 
 `fair_lock` and on the plain lock; `wait_max_sections` is the longest wait times sections/s (first \
 come, first served over 64 contenders: about 63); `idle_gap_p50_rtt` the idle gap p50 over the bare \
 `TcpStream` round trip p50 measured just before; `*_vs_plain` the fair lock's figure over the plain \
-lock's. One \
+lock's. Uncontended, `fred SET NX`: the thinnest lock (rslock's two commands) on relock's own driver \
+with no relock in between, one client shared by the tasks: not a peer, the ceiling of any lock built \
+on fred here; relock's gap to it is what relock adds, its gap to the peers is fred's. One \
 request in flight on this 2-vCPU VM mostly waits for an idle vCPU to wake: compare the two floor rows.
 ";
 

@@ -65,6 +65,9 @@ pub enum Library {
     AsyncRedisLock,
     RedisBenchmark,
     FredEvalsha,
+    /// The thinnest lock on relock's driver: `SET NX PX` and a compare-and-delete script through
+    /// one fred client, no relock (not a peer: it shows what fred itself costs per cycle).
+    FredSetNx,
     /// A bare `tokio::net::TcpStream` with hand-written RESP.
     BareTcp,
 }
@@ -81,6 +84,7 @@ impl Library {
             Library::AsyncRedisLock => "async-redis-lock",
             Library::RedisBenchmark => "redis-benchmark",
             Library::FredEvalsha => "fred EVALSHA",
+            Library::FredSetNx => "fred SET NX (relock's driver, no relock)",
             Library::BareTcp => "bare TcpStream",
         }
     }

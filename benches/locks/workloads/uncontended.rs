@@ -4,7 +4,9 @@
 use relock::{LockClient, MultiLock, QuorumConfig};
 
 use super::{run, Shape};
-use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, Rslock};
+use crate::peers::{
+    arl_options, redlock_client, rslock_manager, Arl, FredSetNx, Redlock, Relock, Rslock, FRED_RELEASE,
+};
 use crate::rows::{Library, Params, Retry, Row, Workload};
 use crate::support::{self, RedisServer};
 use crate::Mode;
@@ -89,6 +91,26 @@ pub async fn relock_cycles(
         .cycles_row(workload, params)
 }
 
+/// The thinnest lock on fred ([`FredSetNx`]), `tasks` tasks sharing one client as relock's do.
+async fn fred_cycles(mode: &Mode, server: &RedisServer, params: Params, tasks: usize, base: &str) -> Row {
+    use fred::interfaces::{ClientLike, LuaInterface};
+    let client = support::fred_client(&server.url()).await;
+    let sha: String = client.script_load(FRED_RELEASE).await.expect("SCRIPT LOAD");
+    let release_sha: std::sync::Arc<str> = sha.into();
+    let contenders = (0..tasks)
+        .map(|i| FredSetNx {
+            client: client.clone(),
+            key: format!("{base}:f{i}"),
+            release_sha: release_sha.clone(),
+        })
+        .collect();
+    let row = run(&[server], mode.run, contenders, Shape::Cycles)
+        .await
+        .cycles_row(Workload::Uncontended, params);
+    let _ = client.quit().await;
+    row
+}
+
 /// One server, 1, 16 and 256 tasks.
 pub async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     for tasks in [1usize, 16, 256] {
@@ -97,6 +119,7 @@ pub async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>)
         rows.push(relock_cycles(mode, &[server], &client, Workload::Uncontended, params, tasks).await);
         client.shutdown().await;
         let base = support::unique_name("u");
+        rows.push(fred_cycles(mode, server, params, tasks, &base).await);
         peer_cycles(mode, &[server], Workload::Uncontended, params, tasks, &base, rows).await;
     }
 }
