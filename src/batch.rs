@@ -414,7 +414,9 @@ async fn answer(
                 .map(|((op, _), value)| decode(op, value))
                 .collect();
             if let Err(short) = link.check_acked(reply.acked) {
-                undo_unsynced(link, &batch, &mut replies, short).await;
+                // Boxed: only synced writes come here, and a script call held inline would make
+                // every batched operation's future as large as fred's request (about 7 KB).
+                Box::pin(undo_unsynced(link, &batch, &mut replies, short)).await;
             }
             for ((_, tx), reply) in batch.drain(..).zip(replies) {
                 let _ = tx.send(reply);

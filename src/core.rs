@@ -226,15 +226,17 @@ impl Core {
         }
     }
 
-    /// `future`, bounded by the caller's `until` if there is one: `None` if that passed first.
-    pub(crate) async fn within<F: std::future::Future>(
+    /// `future`, bounded by the caller's `until` if there is one: `None` if that passed first. Not
+    /// an `async fn`, which would hold `future` twice (see [`Deadlines::within`]).
+    pub(crate) fn within<F: std::future::Future>(
         &self,
         until: Option<Instant>,
         future: F,
-    ) -> Option<F::Output> {
+    ) -> impl std::future::Future<Output = Option<F::Output>> {
+        use futures::future::{Either, FutureExt};
         match until {
-            Some(until) => self.deadlines.within(until, future).await,
-            None => Some(future.await),
+            Some(until) => Either::Left(self.deadlines.within(until, future)),
+            None => Either::Right(future.map(Some)),
         }
     }
 

@@ -215,9 +215,11 @@ type Started<F> = (Pin<Box<F>>, Option<<F as Future>::Output>);
 
 impl<F: Future> Sent<F> {
     async fn start(requests: Vec<F>) -> Sent<F> {
-        let mut out = Vec::with_capacity(requests.len());
-        for request in requests {
-            let mut request = Box::pin(request);
+        // Boxed before the loop: a request held by value across the poll below would keep a slot
+        // of its size in this future's state (and in every future that awaits this one).
+        let boxed: Vec<Pin<Box<F>>> = requests.into_iter().map(Box::pin).collect();
+        let mut out = Vec::with_capacity(boxed.len());
+        for mut request in boxed {
             let early = match futures::poll!(request.as_mut()) {
                 Poll::Ready(output) => Some(output),
                 Poll::Pending => None,
