@@ -18,7 +18,9 @@
 //!   libraries do, and `redis-benchmark -c 1` of `SET` and the acquire script.
 //! - `ceiling`: `redis-benchmark -c 50` of the acquire and release scripts, without and with
 //!   pipelining, and fred's `EVALSHA` round trip.
-//! - `uncontended`: each task cycles on a lock of its own, 1, 16 and 256 tasks.
+//! - `uncontended`: each task cycles on a lock of its own, 1, 16 and 256 tasks; beside the peers, the
+//!   thinnest lock on fred itself (`SET NX PX`, a compare-and-delete script), not a peer: what the
+//!   driver costs below anything relock adds.
 //! - `contended`: 2, 8 and 32 tasks on one lock with an empty critical section (measures barging).
 //! - `hot`: one hot lock with a 1 ms critical section, 8, 64 and 512 contenders over 4 clients,
 //!   each peer at its default retry settings and polling tightly.
