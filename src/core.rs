@@ -308,8 +308,8 @@ impl Core {
         self.jobs.send((self.clone(), job)).is_ok()
     }
 
-    /// Gives back a grant no guard was made of (a handoff's waiter that left, a set given back whole): the hold goes as a dropped
-    /// guard's would.
+    /// Gives back a grant no guard was made of (a handoff's waiter that left, a set given back
+    /// whole): the hold goes as a dropped guard's would.
     pub(crate) fn give_back(self: &Arc<Self>, grant: Grant) {
         if let Some(was_lost) = grant.hold.drop_level(grant.gen) {
             self.enqueue(Job::Release {

@@ -1,5 +1,6 @@
 //! The Lua scripts of `scripts/`, loaded once and run by `EVALSHA`.
 
+use fred::bytes_utils::Str;
 use fred::error::Error as RedisError;
 use fred::interfaces::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, FromValue, Key, Value};
@@ -8,9 +9,8 @@ use fred::types::{ClusterHash, CustomCommand, FromValue, Key, Value};
 pub(crate) struct Script {
     pub(crate) name: &'static str,
     body: &'static str,
-    sha: String,
-    /// `sha` as an argument: cloned without a copy.
-    sha_arg: Value,
+    /// Shared bytes: each call's argument is a clone without a copy.
+    sha: Str,
 }
 
 /// `EVALSHA` as a custom command, so that it runs with the per-command options of the caller's
@@ -22,12 +22,10 @@ fn evalsha(slot: u16) -> CustomCommand {
 
 impl Script {
     fn new(name: &'static str, body: &'static str) -> Script {
-        let sha = fred::util::sha1_hash(body);
         Script {
             name,
             body,
-            sha_arg: Value::from(sha.as_str()),
-            sha,
+            sha: Str::from(fred::util::sha1_hash(body)),
         }
     }
 
@@ -47,7 +45,7 @@ impl Script {
             fred::types::cluster::ClusterRouting::hash_key(key.as_bytes())
         });
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(self.sha_arg.clone());
+        call.push(Value::String(self.sha.clone()));
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
@@ -69,7 +67,7 @@ impl Script {
         let sha: String = client
             .custom(load, vec![Value::from("LOAD"), Value::from(self.body)])
             .await?;
-        if sha != self.sha {
+        if *sha != *self.sha {
             return Err(RedisError::new(
                 fred::error::ErrorKind::Parse,
                 format!("SCRIPT LOAD of {} answered {sha:?}", self.name),
