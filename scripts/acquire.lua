@@ -18,7 +18,8 @@ local function acquire(lock, fence, owner, lease, target, in_step)
   -- A free lock (the common case) needs no look at its fields: one PTTL (-2: no such key) instead
   -- of HGET and HKEYS; a refusal reports the same PTTL.
   local prev = false
-  local ended = {}
+  -- Made only when there is one: a table per call costs the server more than the test.
+  local ended = false
   local ttl = redis.call('PTTL', lock)
   if ttl ~= -2 then
     prev = redis.call('HGET', lock, owner)
@@ -31,6 +32,7 @@ local function acquire(lock, fence, owner, lease, target, in_step)
       local mine = id and (id .. ':')
       for _, field in ipairs(redis.call('HKEYS', lock)) do
         if mine and string.sub(field, 1, #mine) == mine then
+          ended = ended or {}
           ended[#ended + 1] = field
         else
           return {0, ttl}
@@ -84,7 +86,7 @@ local function acquire(lock, fence, owner, lease, target, in_step)
     token = tonumber(redis.call('GET', fence) or '0')
   end
 
-  if #ended > 0 then
+  if ended then
     redis.call('HDEL', lock, unpack(ended))
   end
   redis.call('HSET', lock, owner, target)

@@ -28,37 +28,40 @@
 --   't', from, to, lease ms, channel
 --                                  with KEYS lock, fence: a lock handed from one hold to another
 --                                  (transfer.lua)
--- Returns one reply per operation: acquire's or release's reply ({code} for a release), or
--- {-1, message} when that operation failed (say, WRONGTYPE); the others are not affected.
+-- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
+-- is acquire's or release's ({code} for a release), or {-1, message} when that operation failed
+-- (say, WRONGTYPE); the others are not affected. Flat, because every table in a reply costs the
+-- server a conversion (a nested reply cost about 0.15 us per call more, a table per operation more
+-- still).
 local out = {}
+local n = 0
 local k = 1
 local a = 3
 local publish = ARGV[2]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
 end
-local writes = {w = true, W = true, v = true, V = true}
-local fairs = {f = true, F = true, g = true, G = true}
--- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
--- channel).
-local five = {W = true, V = true, F = true, G = true, t = true}
-for i = 1, tonumber(ARGV[1]) do
+-- Plain comparisons, not lookup tables: tables built on every call cost more than the tests.
+for _ = 1, tonumber(ARGV[1]) do
   local ok, reply
   local op = ARGV[a]
+  -- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
+  -- channel).
+  local five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'
   if op == 'a' or op == 'q' then
     ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), op == 'q')
     k = k + 2
-  elseif writes[op] then
+  elseif op == 'w' or op == 'W' or op == 'v' or op == 'V' then
     ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', five[op] and tonumber(ARGV[a + 4]))
+      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', five and tonumber(ARGV[a + 4]))
     k = k + 4
   elseif op == 'd' then
     ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
       tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
     k = k + 4
-  elseif fairs[op] then
+  elseif op == 'f' or op == 'F' or op == 'g' or op == 'G' then
     ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five[op] and tonumber(ARGV[a + 4]))
+      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five and tonumber(ARGV[a + 4]))
     k = k + 3
   elseif op == 't' then
     ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
@@ -84,20 +87,25 @@ for i = 1, tonumber(ARGV[1]) do
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
     k = k + 1
   end
-  a = a + (five[op] and 5 or 4)
-  -- A release's reply is a code: in a list, like the others'.
+  a = a + (five and 5 or 4)
   if ok and type(reply) == 'number' then
-    reply = {reply}
-  end
-  if ok then
-    -- An error reply of a function (a key of another type) is a table with `err`.
-    if type(reply) == 'table' and reply.err then
-      out[i] = {-1, reply.err}
-    else
-      out[i] = reply
+    -- A release's reply: a code.
+    out[n + 1] = 1
+    out[n + 2] = reply
+    n = n + 2
+  elseif ok and type(reply) == 'table' and not reply.err then
+    out[n + 1] = #reply
+    for j = 1, #reply do
+      out[n + 1 + j] = reply[j]
     end
+    n = n + 1 + #reply
   else
-    out[i] = {-1, type(reply) == 'table' and reply.err or tostring(reply)}
+    -- A failed call raised (not ok), or a function returned an error reply (a key of another
+    -- type): a table with `err`; anything else is no reply of an operation.
+    out[n + 1] = 2
+    out[n + 2] = -1
+    out[n + 3] = type(reply) == 'table' and reply.err or tostring(reply)
+    n = n + 3
   end
 end
 return out

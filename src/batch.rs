@@ -406,14 +406,15 @@ async fn answer(
     mut batch: Vec<(Op, Reply)>,
     result: Result<crate::link::Reply<Vec<Value>>, fred::error::Error>,
 ) {
+    let result = result.map(|reply| (split(reply.value, batch.len()), reply.acked));
     match result {
-        Ok(reply) if reply.value.len() == batch.len() => {
+        Ok((Ok(values), acked)) => {
             let mut replies: Vec<Result<Vec<i64>, Error>> = batch
                 .iter()
-                .zip(reply.value)
-                .map(|((op, _), value)| decode(op, value))
+                .zip(values)
+                .map(|((op, _), items)| decode(op, items))
                 .collect();
-            if let Err(short) = link.check_acked(reply.acked) {
+            if let Err(short) = link.check_acked(acked) {
                 // Boxed: only synced writes come here, and a script call held inline would make
                 // every batched operation's future as large as fred's request (about 7 KB).
                 Box::pin(undo_unsynced(link, &batch, &mut replies, short)).await;
@@ -422,12 +423,7 @@ async fn answer(
                 let _ = tx.send(reply);
             }
         }
-        Ok(reply) => {
-            let err = protocol_error(format!(
-                "batch of {} got {} replies",
-                batch.len(),
-                reply.value.len()
-            ));
+        Ok((Err(err), _)) => {
             for (_, reply) in batch.drain(..) {
                 let _ = reply.send(Err(err.clone()));
             }
@@ -485,11 +481,32 @@ async fn undo_unsynced(
     }
 }
 
+/// The batch script's flat reply cut into one list per operation: each operation's items follow
+/// their number (see `scripts/batch.lua`).
+fn split(flat: Vec<Value>, ops: usize) -> Result<Vec<Vec<Value>>, Error> {
+    let malformed = || protocol_error(format!("batch of {ops} got a malformed reply"));
+    let mut items = flat.into_iter();
+    let mut replies = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        let count = items
+            .next()
+            .and_then(|count| count.as_i64())
+            .ok_or_else(malformed)?;
+        let count = usize::try_from(count).map_err(|_| malformed())?;
+        let reply: Vec<Value> = items.by_ref().take(count).collect();
+        if reply.len() != count {
+            return Err(malformed());
+        }
+        replies.push(reply);
+    }
+    if items.next().is_some() {
+        return Err(malformed());
+    }
+    Ok(replies)
+}
+
 /// One operation's reply: a list of integers, or `{-1, message}` for an error of that operation.
-fn decode(op: &Op, value: Value) -> Result<Vec<i64>, Error> {
-    let Value::Array(items) = value else {
-        return Err(protocol_error(format!("unexpected reply {value:?}")));
-    };
+fn decode(op: &Op, items: Vec<Value>) -> Result<Vec<i64>, Error> {
     if let (Some(Value::Integer(-1)), Some(message)) = (items.first(), items.get(1)) {
         let message = message.as_string().unwrap_or_default();
         let lock = op.lock();
