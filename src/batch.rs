@@ -14,6 +14,7 @@
 //! [`Error::ReplicaSync`]; releases need no acknowledgement (a replica that still has a lock only
 //! makes it safer).
 
+use fred::bytes_utils::Str;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,11 +46,11 @@ const DIRECT_MAX: usize = 4;
 /// One operation of the batch script (see `scripts/batch.lua`).
 pub(crate) enum Op {
     Acquire {
-        lock: Arc<str>,
-        fence: Arc<str>,
+        lock: Str,
+        fence: Str,
         /// For an undo (see `undo_unsynced`).
-        channel: Arc<str>,
-        owner: Arc<str>,
+        channel: Str,
+        owner: Str,
         lease_ms: i64,
         target: i64,
         /// A master of a quorum: its fence counter kept in step (see `scripts/acquire.lua`).
@@ -58,27 +59,27 @@ pub(crate) enum Op {
         kind: Kind,
     },
     Release {
-        lock: Arc<str>,
-        owner: Arc<str>,
+        lock: Str,
+        owner: Str,
         target: i64,
-        channel: Arc<str>,
+        channel: Str,
         /// Whose hold: decides the operation and its other keys.
         kind: Kind,
     },
     /// A plain lock handed from the hold `from` to a new hold `to` (see `scripts/transfer.lua`).
     Transfer {
-        lock: Arc<str>,
-        fence: Arc<str>,
-        channel: Arc<str>,
-        from: Arc<str>,
-        to: Arc<str>,
+        lock: Str,
+        fence: Str,
+        channel: Str,
+        from: Str,
+        to: Str,
         lease_ms: i64,
     },
 }
 
 impl Op {
     /// The release of a hold of `keys`, to `target`.
-    pub(crate) fn release(keys: &LockKeys, owner: &Arc<str>, target: i64) -> Op {
+    pub(crate) fn release(keys: &LockKeys, owner: &Str, target: i64) -> Op {
         Op::Release {
             lock: keys.lock.clone(),
             owner: owner.clone(),
@@ -296,7 +297,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 let mut mark_lease: Option<Duration> = None;
                 let code = match kind {
                     Kind::Plain | Kind::Mark(_) | Kind::Waiter(_) => {
-                        keys.extend([Key::from(&**lock), Key::from(&**fence)]);
+                        keys.extend([Key::from(lock), Key::from(fence)]);
                         if *in_step {
                             "q"
                         } else {
@@ -304,7 +305,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                         }
                     }
                     Kind::Write { rw, mark } => {
-                        keys.extend([lock, fence, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
+                        keys.extend([lock, fence, &rw.readers, &rw.waiting].map(Key::from));
                         mark_lease = *mark;
                         match (*in_step, mark.is_some()) {
                             (false, false) => "w",
@@ -314,11 +315,11 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                         }
                     }
                     Kind::Read(rw) => {
-                        keys.extend([lock, &rw.write, &rw.readers, &rw.waiting].map(|key| Key::from(&**key)));
+                        keys.extend([lock, &rw.write, &rw.readers, &rw.waiting].map(Key::from));
                         "d"
                     }
                     Kind::Fair { fair, enqueue } => {
-                        keys.extend([lock, fence, &fair.queue].map(|key| Key::from(&**key)));
+                        keys.extend([lock, fence, &fair.queue].map(Key::from));
                         mark_lease = *enqueue;
                         match (*in_step, enqueue.is_some()) {
                             (false, false) => "f",
@@ -331,7 +332,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 plain &= matches!(code, "a" | "q");
                 args.extend([
                     Value::from_static_str(code),
-                    Value::from(&**owner),
+                    Value::from(owner.clone()),
                     Value::from(*lease_ms),
                     Value::from(*target),
                 ]);
@@ -346,36 +347,36 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 channel,
                 kind,
             } => {
-                keys.push(Key::from(&**lock));
+                keys.push(Key::from(lock));
                 let code = match kind {
                     Kind::Plain => "r",
                     Kind::Write { rw, .. } => {
-                        keys.push(Key::from(&*rw.waiting));
+                        keys.push(Key::from(&rw.waiting));
                         "o"
                     }
                     Kind::Mark(rw) => {
-                        keys.push(Key::from(&*rw.write));
+                        keys.push(Key::from(&rw.write));
                         "m"
                     }
                     Kind::Read(rw) => {
-                        keys.push(Key::from(&*rw.readers));
+                        keys.push(Key::from(&rw.readers));
                         "x"
                     }
                     Kind::Fair { fair, .. } => {
-                        keys.push(Key::from(&*fair.queue));
+                        keys.push(Key::from(&fair.queue));
                         "h"
                     }
                     Kind::Waiter(fair) => {
-                        keys.extend([Key::from(&*fair.queue), Key::from(&*fair.lock)]);
+                        keys.extend([Key::from(&fair.queue), Key::from(&fair.lock)]);
                         "z"
                     }
                 };
                 plain &= code == "r";
                 args.extend([
                     Value::from_static_str(code),
-                    Value::from(&**owner),
+                    Value::from(owner.clone()),
                     Value::from(*target),
-                    Value::from(&**channel),
+                    Value::from(channel.clone()),
                 ]);
             }
             Op::Transfer {
@@ -386,13 +387,13 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 to,
                 lease_ms,
             } => {
-                keys.extend([Key::from(&**lock), Key::from(&**fence)]);
+                keys.extend([Key::from(lock), Key::from(fence)]);
                 args.extend([
                     Value::from_static_str("t"),
-                    Value::from(&**from),
-                    Value::from(&**to),
+                    Value::from(from.clone()),
+                    Value::from(to.clone()),
                     Value::from(*lease_ms),
-                    Value::from(&**channel),
+                    Value::from(channel.clone()),
                 ]);
             }
         }

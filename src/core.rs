@@ -3,6 +3,7 @@
 //! Releases and undos run on the releaser (`releaser.rs`), renewals on the watchdog
 //! (`watchdog.rs`); both are started beside the core (see `client::start_core`).
 
+use fred::bytes_utils::Str;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -62,12 +63,12 @@ pub(crate) struct Ask {
     pub(crate) target: u32,
     pub(crate) gen: u64,
     /// The hold's field in Redis (owner and generation).
-    pub(crate) field: Arc<str>,
+    pub(crate) field: Str,
     pub(crate) lease: Duration,
 }
 
 /// An undo is found by its lock key and the hold's field.
-pub(crate) type UndoKey = (Arc<str>, Arc<str>);
+pub(crate) type UndoKey = (Str, Str);
 
 impl Drop for Core {
     fn drop(&mut self) {
@@ -155,7 +156,7 @@ impl Core {
     pub(crate) async fn attempt(
         self: &Arc<Self>,
         keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
+        owner: &Str,
         mode: LeaseMode,
         until: Option<Instant>,
     ) -> Result<Attempt, Error> {

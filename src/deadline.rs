@@ -39,8 +39,9 @@ struct Shared {
 }
 
 struct State {
-    /// Deadlines in order, each with the expiry of its request (gone once the request finished).
-    queue: VecDeque<(Instant, Weak<Expiry>)>,
+    /// Deadlines in order, each with the abort handle of its request (aborted once the request
+    /// finished or was dropped, as well as at its deadline).
+    queue: VecDeque<(Instant, AbortHandle)>,
     /// When the task wakes next (`None`: it sleeps until woken). A later deadline needs no wake-up:
     /// the task looks at the queue again then. So a steady stream of requests costs the task about
     /// one wake-up per bound's length, and no timer of its own.
@@ -73,15 +74,14 @@ impl Deadlines {
         request: F,
     ) -> impl Future<Output = Option<F::Output>> {
         let (abort, registration) = AbortHandle::new_pair();
-        let expiry = Arc::new(abort);
         {
             let mut state = self.shared.state.lock();
             let queue = &mut state.queue;
             // Requests mostly finish in the order they started: drop the finished ones in front.
-            while queue.front().is_some_and(|(_, e)| e.strong_count() == 0) {
+            while queue.front().is_some_and(|(_, abort)| abort.is_aborted()) {
                 queue.pop_front();
             }
-            queue.push_back((deadline, Arc::downgrade(&expiry)));
+            queue.push_back((deadline, abort.clone()));
             // A shorter bound than those before it: moved forward to its place, to fire on time.
             let mut i = queue.len() - 1;
             while i > 0 && queue[i - 1].0 > deadline {
@@ -93,16 +93,23 @@ impl Deadlines {
                 self.shared.wake.notify_one();
             }
         }
-        // `expiry` lives as long as the request (the queue's entry goes once it is gone).
+        // The request's end, or its drop, aborts the handle: that marks the queue's entry as done.
+        let done = Done(abort);
         Abortable::new(request, registration).map(move |outcome| {
-            drop(expiry);
+            drop(done);
             outcome.ok()
         })
     }
 }
 
-/// The expiry of one request: aborted by the task at its deadline.
-type Expiry = AbortHandle;
+/// Aborts a request's handle when dropped: with the request's output, or with the request.
+struct Done(AbortHandle);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 impl Drop for Deadlines {
     fn drop(&mut self) {
@@ -118,15 +125,11 @@ async fn run(shared: Weak<Shared>) {
         let now = Instant::now();
         let alarm = {
             let mut state = strong.state.lock();
-            while let Some((at, expiry)) = state.queue.front() {
-                if *at > now && expiry.strong_count() > 0 {
+            while let Some((at, abort)) = state.queue.front() {
+                if *at > now && !abort.is_aborted() {
                     break;
                 }
-                if *at <= now {
-                    if let Some(expiry) = expiry.upgrade() {
-                        expiry.abort();
-                    }
-                }
+                abort.abort();
                 state.queue.pop_front();
             }
             state.alarm = state.queue.front().map(|(at, _)| *at);

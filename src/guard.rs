@@ -1,5 +1,6 @@
 //! The RAII proof of holding a lock.
 
+use fred::bytes_utils::Str;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,10 +48,10 @@ pub struct LockGuard {
     hold: Arc<Hold>,
     gen: u64,
     /// The Redis field of the hold's generation.
-    field: Arc<str>,
+    field: Str,
     token: u64,
     hold_count: u32,
-    lost: Arc<watch::Sender<bool>>,
+    lost: watch::Sender<bool>,
     done: bool,
 }
 

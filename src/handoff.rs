@@ -11,6 +11,7 @@
 //!
 //! Only where one script call decides: plain locks on one master without synced writes.
 
+use fred::bytes_utils::Str;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,7 +35,7 @@ const YIELD_MAX: Duration = Duration::from_millis(20);
 
 /// The waiters of this client that a release may hand a lock to, by lock key.
 pub(crate) struct Handoffs {
-    queues: Mutex<HashMap<Arc<str>, Queue>>,
+    queues: Mutex<HashMap<Str, Queue>>,
     limit: u32,
     ids: AtomicU64,
 }
@@ -72,7 +73,7 @@ pub(crate) struct Taker {
 /// A waiter that a release may hand the lock to.
 struct Candidate {
     id: u64,
-    owner: Arc<str>,
+    owner: Str,
     mode: LeaseMode,
     grant: oneshot::Sender<Grant>,
 }
@@ -81,7 +82,7 @@ struct Candidate {
 /// grant that reached it but was never taken is given back (see [`Core::give_back`]).
 pub(crate) struct Ticket<'a> {
     core: &'a Arc<Core>,
-    lock: Arc<str>,
+    lock: Str,
     id: u64,
     /// The grant, if a release hands the lock over; closed if the release took this waiter but could
     /// not hand it the lock (the waiter should try itself at once).
@@ -193,7 +194,7 @@ impl Core {
     pub(crate) fn enter_handoff(
         self: &Arc<Self>,
         keys: &LockKeys,
-        owner: &Arc<str>,
+        owner: &Str,
         mode: LeaseMode,
     ) -> Ticket<'_> {
         let (tx, rx) = oneshot::channel();
@@ -268,7 +269,7 @@ impl Core {
         self: &Arc<Self>,
         hold: &Arc<Hold>,
         gen: u64,
-        field: &Arc<str>,
+        field: &Str,
         taker: Taker,
     ) -> Result<(), Error> {
         let keys = &hold.keys;

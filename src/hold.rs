@@ -11,6 +11,7 @@
 //! finds nothing of its own and changes nothing: it can never extend, free or shorten a later hold
 //! of the same owner.
 
+use fred::bytes_utils::Str;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,11 +42,11 @@ pub(crate) struct HoldState {
     /// When the lease stops being safe, on the monotonic clock (lease start + lease - drift).
     pub(crate) deadline: Instant,
     /// Completed (true) when the generation's lease is lost or given up.
-    pub(crate) lost: Arc<watch::Sender<bool>>,
+    pub(crate) lost: watch::Sender<bool>,
     /// Removed from the registry; whoever still has it must look the hold up again.
     pub(crate) retired: bool,
     /// The Redis field of this generation (owner id and generation).
-    pub(crate) field: Arc<str>,
+    pub(crate) field: Str,
     /// When this generation was granted (for `relock_hold_seconds`).
     pub(crate) since: Instant,
     /// The count Redis was last known to hold for this generation, from this client's own answered
@@ -72,7 +73,7 @@ impl HoldState {
 
 pub(crate) struct Hold {
     pub(crate) keys: Arc<LockKeys>,
-    pub(crate) owner: Arc<str>,
+    pub(crate) owner: Str,
     pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
     pub(crate) state: Mutex<HoldState>,
     /// The `lock` label of its figures (see `telemetry.rs`).
@@ -102,13 +103,13 @@ impl Hold {
     }
 
     /// Starts generation `gen` (a fresh grant) in `st`, this hold's state.
-    pub(crate) fn start(&self, st: &mut HoldState, gen: u64, field: Arc<str>) {
+    pub(crate) fn start(&self, st: &mut HoldState, gen: u64, field: Str) {
         st.gen = gen;
         st.field = field;
         st.count = 1;
         st.confirmed = Some(1);
         st.since = Instant::now();
-        st.lost = Arc::new(watch::channel(false).0);
+        st.lost = watch::channel(false).0;
         if self.counted {
             telemetry::hold_started(&self.label);
         }
@@ -124,7 +125,7 @@ impl Hold {
     }
 
     /// What brings generation `gen` (Redis field `field`) of this hold back in line.
-    pub(crate) fn resync(&self, field: &Arc<str>, gen: u64) -> Resync {
+    pub(crate) fn resync(&self, field: &Str, gen: u64) -> Resync {
         Resync {
             keys: self.keys.clone(),
             owner: self.owner.clone(),
@@ -155,11 +156,11 @@ impl Hold {
 pub(crate) struct Grant {
     pub(crate) hold: Arc<Hold>,
     pub(crate) gen: u64,
-    pub(crate) field: Arc<str>,
+    pub(crate) field: Str,
     pub(crate) token: u64,
     /// The reentrancy depth right after this acquisition.
     pub(crate) count: u32,
-    pub(crate) lost: Arc<watch::Sender<bool>>,
+    pub(crate) lost: watch::Sender<bool>,
 }
 
 impl Grant {
@@ -184,7 +185,7 @@ pub(crate) enum Job {
     Release {
         hold: Arc<Hold>,
         gen: u64,
-        field: Arc<str>,
+        field: Str,
         was_lost: bool,
         /// The hold's operations lock, when it could be taken at once as the guard went: the same
         /// owner's next acquisition then queues behind this release instead of racing it.
@@ -199,13 +200,13 @@ pub(crate) enum Job {
 /// One hold generation to bring in line, on some nodes.
 pub(crate) struct Resync {
     pub(crate) keys: Arc<LockKeys>,
-    pub(crate) owner: Arc<str>,
-    pub(crate) field: Arc<str>,
+    pub(crate) owner: Str,
+    pub(crate) field: Str,
     pub(crate) gen: u64,
 }
 
 /// A hold is found by its lock key and owner id.
-type HoldKey = (Arc<str>, Arc<str>);
+type HoldKey = (Str, Str);
 
 static GENERATIONS: AtomicU64 = AtomicU64::new(1);
 
@@ -219,6 +220,9 @@ pub(crate) struct Holds {
     holds: Mutex<HashMap<HoldKey, Arc<Hold>>>,
     /// Whether figures carry the lock's name (`LockConfig::metrics_lock_names`).
     names_in_metrics: bool,
+    /// The `lost` of a hold that has not started a generation: one channel, already ended, for all
+    /// (a hold is made per possession, and `start` gives each generation its own).
+    ended: watch::Sender<bool>,
 }
 
 impl Holds {
@@ -226,6 +230,7 @@ impl Holds {
         Holds {
             holds: Mutex::new(HashMap::new()),
             names_in_metrics,
+            ended: watch::channel(true).0,
         }
     }
 
@@ -234,7 +239,7 @@ impl Holds {
         self.holds.lock().values().cloned().collect()
     }
 
-    fn hold_for(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> Arc<Hold> {
+    fn hold_for(&self, keys: &Arc<LockKeys>, owner: &Str) -> Arc<Hold> {
         let mut holds = self.holds.lock();
         holds
             .entry((keys.lock.clone(), owner.clone()))
@@ -250,7 +255,7 @@ impl Holds {
                         lease: Duration::ZERO,
                         watchdog: false,
                         deadline: Instant::now(),
-                        lost: Arc::new(watch::channel(true).0),
+                        lost: self.ended.clone(),
                         retired: false,
                         field: owner.clone(),
                         since: Instant::now(),
@@ -278,7 +283,7 @@ impl Holds {
 
     /// Whether `owner` holds `keys` here once the operations queued on that hold are done (a
     /// dropped guard's release, say).
-    pub(crate) async fn settled_active(&self, keys: &Arc<LockKeys>, owner: &Arc<str>) -> bool {
+    pub(crate) async fn settled_active(&self, keys: &Arc<LockKeys>, owner: &Str) -> bool {
         let (hold, _ops) = self.lock_hold(keys, owner).await;
         let active = hold.state.lock().active();
         self.retire_if_idle(&hold);
@@ -289,7 +294,7 @@ impl Holds {
     pub(crate) fn try_lock_hold(
         &self,
         keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
+        owner: &Str,
     ) -> Option<(Arc<Hold>, OwnedMutexGuard<()>)> {
         let hold = self.hold_for(keys, owner);
         let ops = hold.ops.clone().try_lock_owned().ok()?;
@@ -304,7 +309,7 @@ impl Holds {
     pub(crate) async fn lock_hold(
         &self,
         keys: &Arc<LockKeys>,
-        owner: &Arc<str>,
+        owner: &Str,
     ) -> (Arc<Hold>, OwnedMutexGuard<()>) {
         loop {
             let hold = self.hold_for(keys, owner);

@@ -1,15 +1,16 @@
 //! The Redis names of one lock. All share the hash tag `{name}`, so they live in one cluster slot.
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// The key of the lock hash, of its fence counter and the release channel.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
-    pub(crate) name: Arc<str>,
-    pub(crate) lock: Arc<str>,
-    pub(crate) fence: Arc<str>,
-    pub(crate) channel: Arc<str>,
+    pub(crate) name: Str,
+    pub(crate) lock: Str,
+    pub(crate) fence: Str,
+    pub(crate) channel: Str,
     pub(crate) kind: Kind,
 }
 
@@ -42,14 +43,14 @@ pub(crate) enum Kind {
 /// The Redis names of one fair lock (see `scripts/fair_acquire.lua`). All share the hash tag `{name}`.
 #[derive(Debug)]
 pub(crate) struct FairKeys {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Str,
     /// The lock hash, as a plain lock's.
-    pub(crate) lock: Arc<str>,
-    pub(crate) fence: Arc<str>,
+    pub(crate) lock: Str,
+    pub(crate) fence: Str,
     /// The queue: a sorted set of waiting owner ids by arrival. A waiter's key is this followed by
     /// `:` and its owner id, with the waiter's lease as its TTL.
-    pub(crate) queue: Arc<str>,
-    pub(crate) channel: Arc<str>,
+    pub(crate) queue: Str,
+    pub(crate) channel: Str,
 }
 
 impl FairKeys {
@@ -94,18 +95,18 @@ impl FairKeys {
 /// `{name}` (with a plain lock of the same name, whose keys they do not touch).
 #[derive(Debug)]
 pub(crate) struct RwKeys {
-    pub(crate) name: Arc<str>,
+    pub(crate) name: Str,
     /// The write lock's hash.
-    pub(crate) write: Arc<str>,
-    pub(crate) fence: Arc<str>,
+    pub(crate) write: Str,
+    pub(crate) fence: Str,
     /// The set of reader keys; a reader key is this followed by `:` and the owner id.
-    pub(crate) readers: Arc<str>,
+    pub(crate) readers: Str,
     /// The waiting writers' hash.
-    pub(crate) waiting: Arc<str>,
+    pub(crate) waiting: Str,
     /// Where writers wait: every release of a hold of this lock is announced here.
-    pub(crate) channel: Arc<str>,
+    pub(crate) channel: Str,
     /// Where readers wait: `channel` followed by `:r` (see `scripts/rw_write_release.lua`).
-    pub(crate) read_channel: Arc<str>,
+    pub(crate) read_channel: Str,
 }
 
 impl RwKeys {
@@ -174,7 +175,7 @@ impl RwKeys {
 impl LockKeys {
     /// The channel a waiter of these keys waits on: a reader of a read-write lock waits apart from
     /// its writers; every other waiter on the channel its holder's release announces.
-    pub(crate) fn wait_channel(&self) -> &Arc<str> {
+    pub(crate) fn wait_channel(&self) -> &Str {
         match &self.kind {
             Kind::Read(rw) => &rw.read_channel,
             _ => &self.channel,
@@ -210,9 +211,9 @@ impl LockKeys {
 /// share the hash tag `{name}` (with a lock of the same name, whose keys they do not touch).
 #[derive(Debug)]
 pub(crate) struct LatchKeys {
-    pub(crate) name: Arc<str>,
-    pub(crate) latch: Arc<str>,
-    pub(crate) channel: Arc<str>,
+    pub(crate) name: Str,
+    pub(crate) latch: Str,
+    pub(crate) channel: Str,
 }
 
 impl LatchKeys {
@@ -231,9 +232,9 @@ impl LatchKeys {
 /// the hash tag `{name}`.
 #[derive(Debug)]
 pub(crate) struct SemaphoreKeys {
-    pub(crate) name: Arc<str>,
-    pub(crate) index: Arc<str>,
-    pub(crate) channel: Arc<str>,
+    pub(crate) name: Str,
+    pub(crate) index: Str,
+    pub(crate) channel: Str,
 }
 
 impl SemaphoreKeys {

@@ -101,7 +101,7 @@ impl CountDownLatch {
         let id = Uuid::new_v4().simple().to_string();
         let args = vec![
             Value::from(id),
-            Value::from(&*self.keys.channel),
+            Value::from(self.keys.channel.clone()),
             Value::from(node.publish()),
         ];
         let left = node

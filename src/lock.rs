@@ -1,5 +1,6 @@
 //! `Lock`: the user's handle on one named lock, and the waiting loop.
 
+use fred::bytes_utils::Str;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,7 +57,7 @@ use crate::Error;
 #[derive(Clone)]
 pub struct Lock {
     core: Arc<Core>,
-    name: Arc<str>,
+    name: Str,
     keys: Arc<LockKeys>,
     lease: Option<Duration>,
     owner: Option<Owner>,
@@ -239,11 +240,11 @@ impl Lock {
     }
 
     /// The owner id an acquisition made now, from this task, holds under.
-    pub(crate) fn owner_id(&self) -> Arc<str> {
-        self.owner
-            .clone()
-            .unwrap_or_else(Owner::current)
-            .id_for(&self.core.id)
+    pub(crate) fn owner_id(&self) -> Str {
+        match &self.owner {
+            Some(owner) => owner.id_for(&self.core.id),
+            None => Owner::current_id_for(&self.core.id),
+        }
     }
 
     /// The checks an acquisition makes before any I/O: the name, and a fixed lease's range.
@@ -476,7 +477,7 @@ impl Lock {
     async fn adopt_mark(
         &self,
         place: &LockKeys,
-        owner: &Arc<str>,
+        owner: &Str,
         until: Option<Instant>,
     ) -> Result<LockGuard, Error> {
         let adopt = self.core.adopt_mark(place.clone(), owner);

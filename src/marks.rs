@@ -7,6 +7,7 @@
 //! waiter's mark goes with its lease) and the releaser removes it when the owner stops waiting,
 //! granted or not.
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 
 use tokio::time::Instant;
@@ -20,11 +21,7 @@ impl Core {
     /// Takes over the mark (`keys`, of kind `Mark` or `Waiter`) that a refused attempt of `owner`
     /// left in Redis: a grant whose guard keeps it alive. A second wait of the same owner joins it
     /// (reentrant).
-    pub(crate) async fn adopt_mark(
-        self: &Arc<Self>,
-        keys: LockKeys,
-        owner: &Arc<str>,
-    ) -> Result<Grant, Error> {
+    pub(crate) async fn adopt_mark(self: &Arc<Self>, keys: LockKeys, owner: &Str) -> Result<Grant, Error> {
         if self.is_closed() {
             return Err(Error::Shutdown);
         }

@@ -1,5 +1,6 @@
 //! One Redis master: a command connection, a subscriber connection and the scripts run on it.
 
+use fred::bytes_utils::Str;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -83,7 +84,7 @@ struct Health {
     /// The connection dropped and the server was not seen since: it may have restarted.
     suspect: bool,
     /// The server's `run_id` when last seen.
-    run_id: Option<String>,
+    run_id: Option<Str>,
     /// When the server last started, as far as this client knows: on first sight and on a new
     /// `run_id`, now minus its `uptime_in_seconds`. A server first seen a moment after it restarted
     /// is thus treated like one seen restarting. A later new `run_id` (a restart, or a failover
@@ -104,7 +105,7 @@ impl Health {
             } else {
                 Some(now.checked_sub(info.uptime).unwrap_or(now))
             };
-            self.run_id = Some(info.run_id.clone());
+            self.run_id = Some(info.run_id.as_str().into());
         }
         self.suspect = false;
     }
@@ -245,7 +246,7 @@ impl Node {
     }
 
     /// The server's `run_id`, once seen.
-    pub(crate) fn run_id(&self) -> Option<String> {
+    pub(crate) fn run_id(&self) -> Option<Str> {
         self.health.lock().run_id.clone()
     }
 
@@ -358,7 +359,7 @@ impl Node {
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
-        owner: &Arc<str>,
+        owner: &Str,
         lease: Duration,
         target: u32,
         in_step: bool,
@@ -388,12 +389,7 @@ impl Node {
     }
 
     /// Sets the owner's count to `target` (through the node's batcher): see `scripts/release.lua`.
-    pub(crate) async fn release(
-        &self,
-        keys: &LockKeys,
-        owner: &Arc<str>,
-        target: u32,
-    ) -> Result<Released, Error> {
+    pub(crate) async fn release(&self, keys: &LockKeys, owner: &Str, target: u32) -> Result<Released, Error> {
         let op = || Op::release(keys, owner, i64::from(target));
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
@@ -408,8 +404,8 @@ impl Node {
     pub(crate) async fn transfer(
         &self,
         keys: &LockKeys,
-        from: &Arc<str>,
-        to: &Arc<str>,
+        from: &Str,
+        to: &Str,
         lease: Duration,
     ) -> Result<Handed, Error> {
         let op = || Op::Transfer {
@@ -477,7 +473,7 @@ impl Node {
         let calls: Vec<(Vec<Key>, Vec<Value>)> = chunks
             .iter()
             .map(|chunk| {
-                let keys = chunk.iter().map(|&i| Key::from(&*locks[i].0.lock)).collect();
+                let keys = chunk.iter().map(|&i| Key::from(&locks[i].0.lock)).collect();
                 let mut args = Vec::with_capacity(chunk.len() * 2);
                 for &i in chunk.iter() {
                     args.push(Value::from(locks[i].1));
@@ -532,7 +528,7 @@ impl Node {
     pub(crate) async fn raise_fence(&self, keys: &LockKeys, token: u64) -> Result<(), Error> {
         let raise = self.script_synced::<i64>(
             &scripts().raise_fence,
-            vec![Key::from(&*keys.fence)],
+            vec![Key::from(&keys.fence)],
             vec![Value::from(token.to_string())],
         );
         let reply = self.bounded_on(raise, &keys.fence).await?;
@@ -542,16 +538,14 @@ impl Node {
 
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let args = vec![
-            Value::from(&*keys.channel),
+            Value::from(keys.channel.clone()),
             Value::from(self.link.topology.publish()),
         ];
         let unlock = match &keys.kind {
             // Either side of a read-write lock frees the whole of it.
             Kind::Write { rw, .. } | Kind::Read(rw) => self.script(
                 &scripts().rw_force_unlock,
-                [&rw.write, &rw.readers, &rw.waiting]
-                    .map(|key| Key::from(&**key))
-                    .to_vec(),
+                [&rw.write, &rw.readers, &rw.waiting].map(Key::from).to_vec(),
                 args,
             ),
             Kind::Plain | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
@@ -563,7 +557,7 @@ impl Node {
                 };
                 let mut args = args;
                 args.push(Value::from(message));
-                self.script(&scripts().force_unlock, vec![Key::from(&*keys.lock)], args)
+                self.script(&scripts().force_unlock, vec![Key::from(&keys.lock)], args)
             }
         };
         let removed: i64 = self.bounded_on(unlock, &keys.lock).await?;
@@ -583,7 +577,7 @@ impl Node {
         };
         let state = self.script(
             &scripts().rw_state,
-            vec![Key::from(&*rw.write), Key::from(&*rw.readers)],
+            vec![Key::from(&rw.write), Key::from(&rw.readers)],
             Vec::new(),
         );
         let state: Vec<i64> = self.bounded_on(state, &keys.lock).await?;
@@ -597,7 +591,7 @@ impl Node {
     pub(crate) async fn read_lock(&self, keys: &LockKeys) -> Result<Value, Error> {
         let call = self.script(
             &scripts().inspect,
-            vec![Key::from(&*keys.lock), Key::from(&*keys.fence)],
+            vec![Key::from(&keys.lock), Key::from(&keys.fence)],
             Vec::new(),
         );
         self.bounded(call).await
@@ -608,7 +602,7 @@ impl Node {
     pub(crate) async fn read_semaphore(&self, keys: &SemaphoreKeys) -> Result<Value, Error> {
         let call = self.script(
             &scripts().inspect_semaphore,
-            vec![Key::from(&*keys.index)],
+            vec![Key::from(&keys.index)],
             Vec::new(),
         );
         self.bounded_on(call, &keys.index).await
@@ -805,7 +799,7 @@ fn check_tls(url: &str) -> Result<(), Error> {
 async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &str) -> Result<(), Error> {
     let probe = LockKeys::new(prefix, "");
     let script = async {
-        let keys = vec![Key::from(&*probe.lock)];
+        let keys = vec![Key::from(&probe.lock)];
         let args = vec![Value::from(""), millis(Duration::ZERO)];
         let _: Vec<i64> = scripts().renew.run(client, keys, args).await.map_err(|err| {
             denied(

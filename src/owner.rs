@@ -1,7 +1,7 @@
 //! Who holds a lock: the unit of reentrancy.
 
+use fred::bytes_utils::Str;
 use std::future::Future;
-use std::sync::Arc;
 
 use uuid::Uuid;
 
@@ -45,7 +45,7 @@ tokio::task_local! {
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Owner(Arc<str>);
+pub struct Owner(Str);
 
 impl Owner {
     /// A fresh owner, distinct from every task, thread and other owner.
@@ -81,7 +81,19 @@ impl Owner {
 
     /// The id stored in Redis: unique to the client, so the same `Owner` used through two clients
     /// gives two distinct holders.
-    pub(crate) fn id_for(&self, client: &Uuid) -> Arc<str> {
+    pub(crate) fn id_for(&self, client: &Uuid) -> Str {
         format!("{}:{}", client.simple(), self.0).into()
+    }
+
+    /// [`current`](Owner::current)`().id_for(client)`, formatted once for a task (every acquisition
+    /// asks).
+    pub(crate) fn current_id_for(client: &Uuid) -> Str {
+        if let Ok(id) = SCOPED.try_with(|owner| owner.id_for(client)) {
+            return id;
+        }
+        match tokio::task::try_id() {
+            Some(task) => format!("{}:t{task}", client.simple()).into(),
+            None => Owner::current().id_for(client),
+        }
     }
 }

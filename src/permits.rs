@@ -2,6 +2,7 @@
 //! with a lease of its own, returned as a [`Grant`] like a lock's, so that the watchdog renews it and
 //! the releaser gives it back the same way (see `keys::LockKeys::of_permit_holder`).
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ impl Core {
     pub(crate) async fn attempt_permits(
         self: &Arc<Self>,
         sem: &SemaphoreKeys,
-        holder: &Arc<str>,
+        holder: &Str,
         permits: u64,
         n: u64,
         until: Option<Instant>,
@@ -41,7 +42,7 @@ impl Core {
         let keys = Arc::new(LockKeys::of_permit_holder(sem, holder));
         let (hold, _ops) = self.holds.lock_hold(&keys, holder).await;
         let gen = next_generation();
-        let field: Arc<str> = format!("{holder}:{gen}").into();
+        let field: Str = format!("{holder}:{gen}").into();
         let lease = self.config.get_watchdog_timeout();
         let start = Instant::now();
         let mut undo = UndoOnDrop {
@@ -52,7 +53,7 @@ impl Core {
         let args = vec![
             Value::from(permits as i64),
             Value::from(n as i64),
-            Value::from(&*field),
+            Value::from(field.clone()),
             Value::from(lease.as_millis().min(i64::MAX as u128) as i64),
         ];
         let both: [&str; 2] = [&sem.index, &keys.lock];

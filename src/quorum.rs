@@ -15,6 +15,7 @@
 //! same token and nothing is written back: one round trip. Only masters that drew less (a counter
 //! missing or behind) get the token written back, in a second round trip.
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,7 +90,7 @@ impl Masters {
             // One server cannot repeat another: no run_id to compare on every acquisition.
             return vec![quarantine.is_none_or(|q| node.may_vote(q))];
         }
-        let mut seen: Vec<String> = Vec::new();
+        let mut seen: Vec<Str> = Vec::new();
         self.nodes
             .iter()
             .map(|node| {
@@ -137,7 +138,7 @@ pub(crate) async fn acquire(
     masters: &Masters,
     voters: &[bool],
     keys: &LockKeys,
-    field: &Arc<str>,
+    field: &Str,
     lease: Duration,
     target: u32,
 ) -> Result<Round, Error> {
@@ -370,7 +371,7 @@ impl Release {
 pub(crate) async fn release_on(
     masters: &Masters,
     keys: &LockKeys,
-    field: &Arc<str>,
+    field: &Str,
     target: u32,
     nodes: &[usize],
 ) -> Release {
@@ -402,7 +403,7 @@ pub(crate) async fn release_on(
 }
 
 /// [`release_on`] every node.
-pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Arc<str>, target: u32) -> Release {
+pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Str, target: u32) -> Release {
     let all: Vec<usize> = (0..masters.nodes.len()).collect();
     release_on(masters, keys, field, target, &all).await
 }

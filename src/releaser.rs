@@ -8,6 +8,7 @@
 //! finishing the jobs in flight. It keeps no core alive but the ones its jobs carry, and a retry
 //! between tries keeps none.
 
+use fred::bytes_utils::Str;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -69,7 +70,7 @@ pub(crate) async fn release_now(
     core: &Arc<Core>,
     hold: &Arc<Hold>,
     gen: u64,
-    field: &Arc<str>,
+    field: &Str,
     was_lost: bool,
     ops: Option<OwnedMutexGuard<()>>,
 ) -> Result<(), Error> {
@@ -97,7 +98,7 @@ async fn release_in_span(
     core: &Arc<Core>,
     hold: &Arc<Hold>,
     gen: u64,
-    field: &Arc<str>,
+    field: &Str,
     was_lost: bool,
     ops: Option<OwnedMutexGuard<()>>,
 ) -> Result<(), Error> {

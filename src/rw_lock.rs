@@ -1,5 +1,6 @@
 //! `RwLock`: a read-write lock, Redisson's `RReadWriteLock` made safe against its known failures.
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 
 use crate::core::Core;
@@ -50,7 +51,7 @@ use crate::Error;
 #[derive(Clone)]
 pub struct RwLock {
     core: Arc<Core>,
-    name: Arc<str>,
+    name: Str,
     keys: Arc<RwKeys>,
 }
 

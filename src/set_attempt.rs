@@ -2,6 +2,7 @@
 //! none, atomically, where every name lives on one server. Each name stays a hold of its own (its
 //! guard, renewal and release are a single lock's); only the acquisition is shared.
 
+use fred::bytes_utils::Str;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,7 +42,7 @@ impl Core {
     pub(crate) async fn attempt_all(
         self: &Arc<Self>,
         keys: &[Arc<LockKeys>],
-        owner: &Arc<str>,
+        owner: &Str,
         mode: LeaseMode,
         until: Option<Instant>,
     ) -> Result<SetAttempt, Error> {
@@ -79,7 +80,7 @@ impl Core {
             let mut args = Vec::with_capacity(asks.len() * 3);
             for ask in &asks {
                 args.extend([
-                    Value::from(&*ask.field),
+                    Value::from(ask.field.clone()),
                     Value::from(i64::from(ask.target)),
                     Value::from(ask.lease.as_millis().min(i64::MAX as u128) as i64),
                 ]);

@@ -21,13 +21,13 @@
 //! [`LockConfig::metrics_lock_names`](crate::LockConfig::metrics_lock_names): names can be
 //! unbounded, and every distinct label value is a new series in the recorder.
 
-use std::sync::Arc;
+use fred::bytes_utils::Str;
 
 /// The `lock` label of a lock's figures: its name where the client opted in, else none.
-pub(crate) type Label = Option<Arc<str>>;
+pub(crate) type Label = Option<Str>;
 
 /// The label for `name` under a client's configuration.
-pub(crate) fn label(name: &Arc<str>, names_in_metrics: bool) -> Label {
+pub(crate) fn label(name: &Str, names_in_metrics: bool) -> Label {
     names_in_metrics.then(|| name.clone())
 }
 

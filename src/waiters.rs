@@ -14,6 +14,7 @@
 //! slot map every [`CLUSTER_SCAN`] (as Redisson's `scanInterval`), subscribes again where a waited
 //! slot now lives, and wakes its waiters to try again.
 
+use fred::bytes_utils::Str;
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -46,7 +47,7 @@ struct Entry {
     owner: Option<Server>,
     /// Waiters woken by name (a fair lock's: the message names whose turn it is), with how many
     /// subscriptions share each name.
-    named: HashMap<Arc<str>, (usize, Arc<Notify>)>,
+    named: HashMap<Str, (usize, Arc<Notify>)>,
 }
 
 impl Entry {
@@ -82,7 +83,7 @@ impl Entry {
 
 #[derive(Default)]
 struct Shared {
-    channels: Mutex<HashMap<Arc<str>, Entry>>,
+    channels: Mutex<HashMap<Str, Entry>>,
     kick: Notify,
 }
 
@@ -97,10 +98,10 @@ pub(crate) struct Waiters {
 /// Interest in one release channel; dropping it gives the interest up.
 pub(crate) struct Subscription {
     shared: Arc<Shared>,
-    channel: Arc<str>,
+    channel: Str,
     notify: Arc<Notify>,
     /// The name it is woken by, if any.
-    name: Option<Arc<str>>,
+    name: Option<Str>,
 }
 
 impl Waiters {
@@ -155,11 +156,7 @@ impl Waiters {
     ///
     /// With a `name`, the waiter is woken by a message naming it (besides `*` and the events that
     /// wake everyone), not by a plain release.
-    pub(crate) fn subscribe(
-        &self,
-        channel: &Arc<str>,
-        name: Option<&Arc<str>>,
-    ) -> (Subscription, Armed, bool) {
+    pub(crate) fn subscribe(&self, channel: &Str, name: Option<&Str>) -> (Subscription, Armed, bool) {
         let mut channels = self.shared.channels.lock();
         let entry = channels.entry(channel.clone()).or_default();
         entry.refs += 1;
@@ -194,7 +191,7 @@ impl Waiters {
     /// already (others wait on it): then no release is missed from now on, so a waiter that
     /// subscribes before its first attempt need not try again at once after a refusal. Costs no
     /// command to Redis.
-    pub(crate) fn join_if_live(&self, channel: &Arc<str>, name: Option<&Arc<str>>) -> Option<Subscription> {
+    pub(crate) fn join_if_live(&self, channel: &Str, name: Option<&Str>) -> Option<Subscription> {
         if !self
             .shared
             .channels

@@ -10,6 +10,7 @@
 //! It stops when the client is shut down or dropped (it holds only a weak reference between rounds;
 //! `Core`'s drop and `shutdown` kick it awake to see that).
 
+use fred::bytes_utils::Str;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
@@ -78,7 +79,7 @@ pub(crate) async fn run(core: Weak<Core>) {
 struct Renewal {
     hold: Arc<Hold>,
     gen: u64,
-    field: Arc<str>,
+    field: Str,
     lease: Duration,
 }
 
