@@ -224,34 +224,45 @@ impl Batcher {
     }
 
     /// Runs one operation; its reply as integers, or the error of that operation or of the call.
-    pub(crate) async fn run(&self, op: Op) -> Result<Vec<i64>, Error> {
+    ///
+    /// The operation takes its place (a round of its own, or the queue) when this is called, not
+    /// when the future is first polled: so the future does not carry the operation across its
+    /// awaits (an async fn keeps its arguments for its whole life, and every batched operation's
+    /// future, boxed once per acquisition and release, would be that much larger).
+    pub(crate) fn run(&self, op: Op) -> impl Future<Output = Result<Vec<i64>, Error>> + Send + '_ {
         let shared = &self.shared;
         let (reply, rx) = oneshot::channel();
         let role = {
             let mut state = shared.state.lock();
             if state.in_flight < DIRECT_MAX && state.queue.is_empty() {
                 state.in_flight += 1;
-                Role::Direct(op, reply)
+                Role::Direct(Slot(shared.clone()), vec![(op, reply)])
             } else {
                 state.queue.push_back((op, reply));
                 if !state.leader && state.in_flight < MAX_IN_FLIGHT {
                     state.leader = true;
-                    Role::Lead
+                    Role::Lead(Leading(shared))
                 } else {
                     Role::Follow
                 }
             }
         };
+        async move {
+            Self::play(shared, role).await;
+            rx.await.unwrap_or(Err(Error::Shutdown))
+        }
+    }
+
+    /// An operation's part in sending: its own round, or the queue as leader, or none.
+    async fn play(shared: &Arc<Shared>, role: Role<'_>) {
         match role {
-            Role::Direct(op, reply) => {
-                let _slot = Slot(shared.clone());
-                // Its first poll, in this same poll of the caller, hands the call to the
-                // connection: it is ordered after every operation sent before it, as a queued one
-                // would be.
-                round(shared.link.clone(), vec![(op, reply)]).await;
+            Role::Direct(slot, batch) => {
+                let _slot = slot;
+                // Its first poll, in the caller's first poll, hands the call to the connection: it
+                // is ordered after every operation sent before it, as a queued one would be.
+                round(shared.link.clone(), batch).await;
             }
-            Role::Lead => {
-                let leading = Leading(shared);
+            Role::Lead(leading) => {
                 // Let the tasks that are ready now queue their operations too, so that they go in
                 // this round rather than in one call each.
                 tokio::task::yield_now().await;
@@ -271,16 +282,15 @@ impl Batcher {
             }
             Role::Follow => {}
         }
-        rx.await.unwrap_or(Err(Error::Shutdown))
     }
 }
 
 /// What one operation does (see [`Batcher`]).
-enum Role {
-    /// Runs as a round of its own, now.
-    Direct(Op, Reply),
+enum Role<'a> {
+    /// Runs as a round of its own (its slot taken), now.
+    Direct(Slot, Vec<(Op, Reply)>),
     /// Queued, and sends the queue.
-    Lead,
+    Lead(Leading<'a>),
     /// Queued: a leader or the task sends it.
     Follow,
 }

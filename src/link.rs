@@ -87,6 +87,19 @@ impl NodeClient {
                 .collect();
             return Sent::start(runs).await.finish().await;
         };
+        // Boxed: a synced round's state held inline would make every batched operation's future
+        // (boxed once per acquisition and release) 400 bytes larger.
+        Box::pin(self.call_many_synced(script, calls, sync, replicas)).await
+    }
+
+    /// [`call_many`](Self::call_many) with synced writes.
+    async fn call_many_synced<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        calls: Vec<(Vec<Key>, Vec<Value>)>,
+        sync: &Client,
+        replicas: &SyncReplicas,
+    ) -> Vec<Result<Reply<R>, fred::error::Error>> {
         let sync_client = Client::clone(sync);
         // Which WAIT covers each call: one per primary (one in all off a cluster).
         let mut waits: Vec<(Option<Server>, u16)> = Vec::new();
