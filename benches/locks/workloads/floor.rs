@@ -144,9 +144,10 @@ async fn floor_cycles(run: Duration, server: &RedisServer, sha: &str, mut transp
             let t = Instant::now();
             let reply = transport.round_trip(&acquire).await;
             let us = micros(t.elapsed());
-            // One reply, {1 granted, 0 previous count, token}: a real grant each time.
+            // One operation's reply, flat: 3 items, {1 granted, 0 previous count, token}: a real
+            // grant each time.
             assert!(
-                reply.starts_with(b"*1\r\n*3\r\n:1\r\n:0\r\n"),
+                reply.starts_with(b"*4\r\n:3\r\n:1\r\n:0\r\n"),
                 "acquire answered {reply:?}"
             );
             rtt.record(us).ok();
@@ -154,7 +155,8 @@ async fn floor_cycles(run: Duration, server: &RedisServer, sha: &str, mut transp
             let t = Instant::now();
             let reply = transport.round_trip(&release).await;
             rtt.record(micros(t.elapsed())).ok();
-            assert_eq!(reply, b"*1\r\n*1\r\n:2\r\n", "release answered");
+            // 1 item: 2, released.
+            assert_eq!(reply, b"*2\r\n:1\r\n:2\r\n", "release answered");
             cycles += 1;
         }
         (cycles, start.elapsed())
