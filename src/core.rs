@@ -145,6 +145,26 @@ impl Core {
         self.closed.load(Ordering::Acquire)
     }
 
+    /// The hold of `owner` on `keys` with its operations serialised ([`Holds::lock_hold`]), or
+    /// [`Error::Shutdown`] once the client is closed. Closed is checked after the hold is in the
+    /// registry: `shutdown` closes, then takes its snapshot of the registry, so either the snapshot
+    /// has this hold (and shutdown waits for its operations, which undo what they get) or this sees
+    /// the close and sends nothing. (Checked only before, an attempt that registered its hold just
+    /// after the snapshot could send a grant that nothing released: its undo found the connections
+    /// closed.)
+    pub(crate) async fn open_hold(
+        &self,
+        keys: &Arc<LockKeys>,
+        owner: &Str,
+    ) -> Result<(Arc<Hold>, tokio::sync::OwnedMutexGuard<()>), Error> {
+        let (hold, ops) = self.holds.lock_hold(keys, owner).await;
+        if self.is_closed() {
+            self.holds.retire_if_idle(&hold);
+            return Err(Error::Shutdown);
+        }
+        Ok((hold, ops))
+    }
+
     /// One acquisition attempt: a single round over the masters (two when a reentrant acquisition
     /// finds its hold lost, the second a fresh one).
     ///
@@ -165,9 +185,9 @@ impl Core {
         }
         loop {
             let (hold, _ops) = self
-                .within(until, self.holds.lock_hold(keys, owner))
+                .within(until, self.open_hold(keys, owner))
                 .await
-                .ok_or(Error::Timeout(Duration::ZERO))?;
+                .ok_or(Error::Timeout(Duration::ZERO))??;
             let start = Instant::now();
             let own_bound = start + self.masters.attempt_bound();
             let bound = until.map_or(own_bound, |until| until.min(own_bound));

@@ -26,7 +26,7 @@ impl Core {
             return Err(Error::Shutdown);
         }
         let keys = Arc::new(keys);
-        let (hold, _ops) = self.holds.lock_hold(&keys, owner).await;
+        let (hold, _ops) = self.open_hold(&keys, owner).await?;
         let lease = self.config.get_watchdog_timeout();
         let deadline = Instant::now() + lease.saturating_sub(self.masters.config.drift(lease));
         let mut st = hold.state.lock();

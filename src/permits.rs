@@ -40,7 +40,7 @@ impl Core {
             return Err(Error::Shutdown);
         }
         let keys = Arc::new(LockKeys::of_permit_holder(sem, holder));
-        let (hold, _ops) = self.holds.lock_hold(&keys, holder).await;
+        let (hold, _ops) = self.open_hold(&keys, holder).await?;
         let gen = next_generation();
         let field: Str = format!("{holder}:{gen}").into();
         let lease = self.config.get_watchdog_timeout();

@@ -55,9 +55,9 @@ impl Core {
             let mut holds = Vec::with_capacity(keys.len());
             for lock in keys {
                 let held = self
-                    .within(until, self.holds.lock_hold(lock, owner))
+                    .within(until, self.open_hold(lock, owner))
                     .await
-                    .ok_or(Error::Timeout(Duration::ZERO))?;
+                    .ok_or(Error::Timeout(Duration::ZERO))??;
                 holds.push(held);
             }
             let start = Instant::now();
