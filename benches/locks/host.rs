@@ -22,16 +22,24 @@ pub fn rss_bytes() -> u64 {
 
 /// CPU time of this process (user + system, every thread), in seconds.
 pub fn process_cpu_seconds() -> f64 {
+    process_usage().0
+}
+
+/// CPU time of this process (user + system, every thread) in seconds, and its context switches
+/// (voluntary and involuntary): a task woken on another worker thread costs one where that worker
+/// slept.
+fn process_usage() -> (f64, u64) {
     // SAFETY: getrusage only writes the struct it is given.
     let usage = unsafe {
         let mut usage: libc::rusage = std::mem::zeroed();
         if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
-            return 0.0;
+            return (0.0, 0);
         }
         usage
     };
     let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
-    seconds(usage.ru_utime) + seconds(usage.ru_stime)
+    let switches = (usage.ru_nvcsw + usage.ru_nivcsw).max(0) as u64;
+    (seconds(usage.ru_utime) + seconds(usage.ru_stime), switches)
 }
 
 /// One `INFO` section of `server` as text.
@@ -122,14 +130,19 @@ struct Snapshot {
     redis_cpu_s: f64,
     redis_cmds: u64,
     client_cpu_s: f64,
+    client_csw: u64,
 }
 
 impl Snapshot {
     fn take(servers: &[&RedisServer]) -> Snapshot {
+        let redis_cpu_s = servers.iter().map(|s| redis_cpu_seconds(s)).sum();
+        let redis_cmds = servers.iter().map(|s| commands_besides_info(s)).sum();
+        let (client_cpu_s, client_csw) = process_usage();
         Snapshot {
-            redis_cpu_s: servers.iter().map(|s| redis_cpu_seconds(s)).sum(),
-            redis_cmds: servers.iter().map(|s| commands_besides_info(s)).sum(),
-            client_cpu_s: process_cpu_seconds(),
+            redis_cpu_s,
+            redis_cmds,
+            client_cpu_s,
+            client_csw,
         }
     }
 }
@@ -141,6 +154,7 @@ pub struct Cost {
     pub redis_cpu_s: f64,
     pub redis_cmds: u64,
     pub client_cpu_s: f64,
+    pub client_csw: u64,
 }
 
 /// What the per-unit figures are counted in.
@@ -157,21 +171,24 @@ impl Cost {
             return row.note("no cycles: no cost per cycle");
         }
         let n = count as f64;
-        let (cpu, cmds, client) = match per {
+        let (cpu, cmds, client, csw) = match per {
             Per::Cycle => (
                 Metric::RedisCpuUsPerCycle,
                 Metric::RedisCmdsPerCycle,
                 Metric::ClientCpuUsPerCycle,
+                Metric::ClientCswPerCycle,
             ),
             Per::Section => (
                 Metric::RedisCpuUsPerSection,
                 Metric::RedisCmdsPerSection,
                 Metric::ClientCpuUsPerSection,
+                Metric::ClientCswPerSection,
             ),
         };
         row.metric(cpu, self.redis_cpu_s * 1e6 / n)
             .metric(cmds, self.redis_cmds as f64 / n)
             .metric(client, self.client_cpu_s * 1e6 / n)
+            .metric(csw, self.client_csw as f64 / n)
             .note("client CPU includes the bench loop")
     }
 }
@@ -186,6 +203,7 @@ pub async fn measured<T>(servers: &[&RedisServer], run: impl Future<Output = T>)
         redis_cpu_s: (after.redis_cpu_s - before.redis_cpu_s).max(0.0),
         redis_cmds: after.redis_cmds.saturating_sub(before.redis_cmds),
         client_cpu_s: (after.client_cpu_s - before.client_cpu_s).max(0.0),
+        client_csw: after.client_csw.saturating_sub(before.client_csw),
     };
     (out, cost)
 }

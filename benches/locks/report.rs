@@ -276,7 +276,9 @@ fn pretty(v: f64) -> String {
 
 /// What some figures mean, printed under the rows.
 const LEGEND: &str = "
-`client_cpu_*`: this process's CPU time (getrusage), the bench loop included. `redis_cpu_*`: \
+`client_cpu_*`: this process's CPU time (getrusage), the bench loop included. `client_csw_*`: its \
+context switches (getrusage, voluntary and involuntary): mostly a worker thread woken from sleep to \
+run a task another thread woke. `redis_cpu_*`: \
 `used_cpu_sys + used_cpu_user` summed over the row's servers. `redis_cmds_*`: every command the \
 servers ran (`INFO commandstats`: the commands scripts call included, the bench's `INFO` calls left \
 out). Hot lock: the critical section is a 1 ms sleep on a blocking thread (`section_p50_us` as it \
