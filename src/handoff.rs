@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::core::{Core, UndoOnDrop};
@@ -147,17 +147,19 @@ impl Handoffs {
     }
 
     /// When the lease of the owner of this client that holds `lock` (by a handoff, or an attempt
-    /// while others of this client were queued) runs out, if that
+    /// while others of this client were queued) runs out, and that hold's loss signal, if that
     /// is not `owner` and the hold is still active: an attempt of `owner` would be refused, so a
-    /// waiter skips it and waits (see [`Lock::attempts`](crate::Lock)).
-    pub(crate) fn held_here(&self, lock: &str, owner: &str) -> Option<Instant> {
+    /// waiter skips it and waits, for a release, a handoff, the lease's end or the hold's loss
+    /// (see [`Lock::attempts`](crate::Lock)).
+    pub(crate) fn held_here(&self, lock: &str, owner: &str) -> Option<(Instant, watch::Receiver<bool>)> {
         let queues = self.queues.lock();
         let (hold, gen) = queues.get(lock)?.holder.as_ref()?;
         if *hold.owner == *owner {
             return None;
         }
         let st = hold.state.lock();
-        (st.gen == *gen && st.active() && st.deadline > Instant::now()).then_some(st.deadline)
+        (st.gen == *gen && st.active() && st.deadline > Instant::now())
+            .then(|| (st.deadline, st.lost.subscribe()))
     }
 
     /// A release of this client left `lock` free (and told every client), its call taking `rtt`:

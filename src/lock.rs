@@ -358,23 +358,33 @@ impl Lock {
             // Another owner of this client holds the lock: an attempt would be refused. This waiter
             // waits for its turn (or the release, or that lease's end) without one. So it does
             // right after this client ended a streak of handoffs, unless a release woke it.
+            // The holder's loss ends that wait too: the lock may be free long before its lease ran
+            // out (removed behind its back, or taken over), and no release message says so.
+            let mut holder_lost = None;
             let held_here = if handoff && !subscriptions.is_empty() {
                 let handoffs = &self.core.handoffs;
-                handoffs.held_here(&keys.lock, &owner).or_else(|| {
-                    wake_up
-                        .0
-                        .is_none()
-                        .then(|| handoffs.yielding(&keys.lock))
-                        .flatten()
-                })
+                handoffs
+                    .held_here(&keys.lock, &owner)
+                    .map(|(deadline, lost)| (deadline, Some(lost)))
+                    .or_else(|| {
+                        wake_up
+                            .0
+                            .is_none()
+                            .then(|| handoffs.yielding(&keys.lock))
+                            .flatten()
+                            .map(|deadline| (deadline, None))
+                    })
             } else {
                 None
             };
             let attempt = match held_here {
-                Some(deadline) => Ok(Attempt::Refused {
-                    ttl: Some(deadline.saturating_duration_since(Instant::now())),
-                    split: false,
-                }),
+                Some((deadline, lost)) => {
+                    holder_lost = lost;
+                    Ok(Attempt::Refused {
+                        ttl: Some(deadline.saturating_duration_since(Instant::now())),
+                        split: false,
+                    })
+                }
                 None => self.core.attempt(&keys, &owner, mode, until).await,
             };
             let (ttl, split) = match attempt {
@@ -461,6 +471,7 @@ impl Lock {
             tokio::select! {
                 (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
                 () = tokio::time::sleep_until(wake_at) => {}
+                () = ended(&mut holder_lost) => {}
                 grant = handed => {
                     if let Some(grant) = grant {
                         return Ok(Some(LockGuard::new(self.core.clone(), grant)));
@@ -469,6 +480,18 @@ impl Lock {
                 }
             }
         }
+    }
+}
+
+/// Completes when the hold whose loss signal `lost` is ends (lost, or its generation over); never
+/// without one.
+async fn ended(lost: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    match lost {
+        // Err: the hold started another generation since (the channel was replaced); over too.
+        Some(lost) => {
+            let _ = lost.wait_for(|lost| *lost).await;
+        }
+        None => std::future::pending().await,
     }
 }
 

@@ -192,3 +192,47 @@ async fn waiters_that_leave_never_strand_the_lock() {
     );
     here.shutdown().await;
 }
+
+/// A waiter of the client that holds the lock (handed to another of its owners) waits without
+/// attempts; when that hold is lost (the lock removed behind its back, no release message), the
+/// waiter tries at once, not at the end of the lost hold's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-lost");
+    // Renewals every 3 s: a hold found lost at one still had 6 s of its lease left locally.
+    let here = client(&server, config(8).watchdog_timeout(Duration::from_secs(9))).await;
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let second = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(2), second)
+        .await
+        .expect("the waiter is handed the lock")
+        .unwrap();
+
+    let lock = here.lock(&name);
+    let third = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !third.is_finished(),
+        "the lock is held by another owner of the client"
+    );
+
+    server.cmd(&["DEL", &lock_key(&name)]);
+    tokio::time::timeout(Duration::from_secs(6), second.lost())
+        .await
+        .expect("the next renewal finds the lock gone");
+    let lost = tokio::time::Instant::now();
+    let third = tokio::time::timeout(Duration::from_secs(3), third)
+        .await
+        .expect("the waiter tries once the holder's hold is lost, not 6 s later")
+        .unwrap();
+    assert!(lost.elapsed() < Duration::from_secs(3));
+    assert!(third.fencing_token() > second.fencing_token());
+    drop(second);
+    third.release().await.unwrap();
+    here.shutdown().await;
+}
