@@ -313,7 +313,9 @@ impl Core {
         if let Some(token) = handed.token {
             let deadline = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
             let grant = self.record_grant(&to, &ask, token, deadline, candidate.mode);
-            drop(to_ops);
+            // The waiter's hold stays taken until the grant reached the waiter or was given back:
+            // a waiter that left (woken otherwise) and tries itself must not find the grant's
+            // count and re-enter a hold that is about to be given back.
             match grant {
                 Some(grant) => {
                     self.handoffs.handed(&keys.lock, &to, ask.gen);
@@ -332,6 +334,7 @@ impl Core {
                     });
                 }
             }
+            drop(to_ops);
         } else {
             self.holds.retire_if_idle(&to);
         }

@@ -483,16 +483,17 @@ impl Lock {
     }
 }
 
-/// Completes when the hold whose loss signal `lost` is ends (lost, or its generation over); never
-/// without one.
+/// Completes when the hold whose loss signal `lost` is, is lost; never without one.
 async fn ended(lost: &mut Option<tokio::sync::watch::Receiver<bool>>) {
-    match lost {
-        // Err: the hold started another generation since (the channel was replaced); over too.
-        Some(lost) => {
-            let _ = lost.wait_for(|lost| *lost).await;
+    if let Some(lost) = lost {
+        if lost.wait_for(|lost| *lost).await.is_ok() {
+            return;
         }
-        None => std::future::pending().await,
+        // The hold started another generation since (its channel replaced): that one was
+        // released, which the release message or a handoff tells. Waking every waiter here would
+        // only send them to the back of the queue.
     }
+    std::future::pending().await
 }
 
 impl Lock {
