@@ -363,28 +363,25 @@ impl Lock {
             let mut holder_lost = None;
             let held_here = if handoff && !subscriptions.is_empty() {
                 let handoffs = &self.core.handoffs;
-                handoffs
-                    .held_here(&keys.lock, &owner)
-                    .map(|(deadline, lost)| (deadline, Some(lost)))
-                    .or_else(|| {
-                        wake_up
-                            .0
-                            .is_none()
-                            .then(|| handoffs.yielding(&keys.lock))
-                            .flatten()
-                            .map(|deadline| (deadline, None))
-                    })
+                match handoffs.held_here(&keys.lock, &owner) {
+                    Some((deadline, lost)) => {
+                        holder_lost = Some(lost);
+                        Some(deadline)
+                    }
+                    None => wake_up
+                        .0
+                        .is_none()
+                        .then(|| handoffs.yielding(&keys.lock))
+                        .flatten(),
+                }
             } else {
                 None
             };
             let attempt = match held_here {
-                Some((deadline, lost)) => {
-                    holder_lost = lost;
-                    Ok(Attempt::Refused {
-                        ttl: Some(deadline.saturating_duration_since(Instant::now())),
-                        split: false,
-                    })
-                }
+                Some(deadline) => Ok(Attempt::Refused {
+                    ttl: Some(deadline.saturating_duration_since(Instant::now())),
+                    split: false,
+                }),
                 None => self.core.attempt(&keys, &owner, mode, until).await,
             };
             let (ttl, split) = match attempt {
