@@ -29,7 +29,8 @@
 --                                  with KEYS lock, fence: a lock handed from one hold to another
 --                                  (transfer.lua)
 -- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
--- is acquire's or release's ({code} for a release), or {-1, message} when that operation failed
+-- is acquire's or release's ({code} for a release; {2, subscribers that heard it} for a plain
+-- lock's that published), or {-1, message} when that operation failed
 -- (say, WRONGTYPE); the others are not affected. Flat, because every table in a reply costs the
 -- server a conversion (a nested reply cost about 0.15 us per call more, a table per operation more
 -- still).
@@ -43,7 +44,7 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 -- Plain comparisons, not lookup tables: tables built on every call cost more than the tests.
 for _ = 1, tonumber(ARGV[1]) do
-  local ok, reply
+  local ok, reply, heard
   local op = ARGV[a]
   -- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
   -- channel).
@@ -84,11 +85,17 @@ for _ = 1, tonumber(ARGV[1]) do
     ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
     k = k + 2
   else
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
+    ok, reply, heard = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
     k = k + 1
   end
   a = a + (five and 5 or 4)
-  if ok and type(reply) == 'number' then
+  if ok and heard then
+    -- A plain lock's release that published: its code and how many subscribers heard it.
+    out[n + 1] = 2
+    out[n + 2] = reply
+    out[n + 3] = heard
+    n = n + 3
+  elseif ok and type(reply) == 'number' then
     -- A release's reply: a code.
     out[n + 1] = 1
     out[n + 2] = reply

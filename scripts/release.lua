@@ -9,7 +9,9 @@
 --
 -- Setting (not decrementing) the count makes a repeated call harmless.
 -- Returns 0 when the owner does not hold the lock (nothing changed), 1 when a count is left,
---         2 when the lock was released and the release published.
+--         2 when the lock was released and the release published, and then a second value: how
+--         many subscribers heard it (a plain lock's release passes it on, see batch.lua; the local
+--         handoff uses it to tell whether other clients wait).
 local function release(lock, owner, target, channel, publish, message, index)
   if target > 0 then
     if redis.call('HEXISTS', lock, owner) == 0 then
@@ -27,6 +29,5 @@ local function release(lock, owner, target, channel, publish, message, index)
   end
   -- No EXISTS check: a field could outlive this one only as an ended generation of the same owner
   -- (its acquisition removes those), and a release message then is a harmless extra wake-up.
-  redis.call(publish, channel, message)
-  return 2
+  return 2, redis.call(publish, channel, message)
 end

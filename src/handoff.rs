@@ -26,9 +26,9 @@ use crate::hold::{Grant, Hold, Job, LeaseMode};
 use crate::keys::{Kind, LockKeys};
 use crate::Error;
 
-/// How many round trips of the release that ended a streak this client's fresh attempts hold back
-/// (see [`Handoffs::yielding`]), within [`YIELD_MIN`] and [`YIELD_MAX`]: a release message reaches
-/// the other clients and their attempts come back in about two.
+/// How many round trips of the release that ended a streak this client's attempts hold back (see
+/// [`Handoffs::hold_back`]), within [`YIELD_MIN`] and [`YIELD_MAX`]: a release message reaches the
+/// other clients and their attempts come back in about two.
 const YIELD_RTTS: u32 = 4;
 const YIELD_MIN: Duration = Duration::from_millis(1);
 const YIELD_MAX: Duration = Duration::from_millis(20);
@@ -48,9 +48,16 @@ struct Queue {
     /// The hold and generation the last handoff went to, until a release of this client frees
     /// the lock.
     holder: Option<(Arc<Hold>, u64)>,
-    /// After a release that ended a streak, this client's fresh attempts wait until then (see
-    /// [`Handoffs::yielding`]).
+    /// After a release that ended a streak, this client's attempts that no release message woke
+    /// wait until then (see [`Handoffs::hold_back`]);
     yield_until: Option<Instant>,
+    /// If other clients' subscribers heard that release: the waiter of this client that its message
+    /// woke waits too, and so the first attempt that any message wakes (then this is cleared: a
+    /// later message tells of another client's release, which any waiter may take).
+    yield_woken: bool,
+    /// A release of this client that ends a streak is on its way: set to `true` once its outcome
+    /// is known (see [`Ending`]).
+    ending: Option<watch::Sender<bool>>,
 }
 
 impl Queue {
@@ -58,6 +65,7 @@ impl Queue {
     fn idle(&self) -> bool {
         self.waiting.is_empty()
             && self.streak == 0
+            && self.ending.is_none()
             && self.yield_until.is_none_or(|until| until <= Instant::now())
     }
 }
@@ -106,6 +114,28 @@ impl Drop for Ticket<'_> {
     }
 }
 
+/// A release of this client that ends a streak of handoffs, on its way (see [`Handoffs::ending`]).
+/// Dropping it (the release answered, failed or cancelled) wakes the waiters that wait to learn
+/// whether other clients heard it.
+pub(crate) struct Ending<'a> {
+    handoffs: &'a Handoffs,
+    lock: Str,
+}
+
+impl Drop for Ending<'_> {
+    fn drop(&mut self) {
+        let mut queues = self.handoffs.queues.lock();
+        if let Some(queue) = queues.get_mut(&self.lock) {
+            if let Some(settled) = queue.ending.take() {
+                settled.send_replace(true);
+            }
+            if queue.idle() {
+                queues.remove(&self.lock);
+            }
+        }
+    }
+}
+
 impl Handoffs {
     pub(crate) fn new(limit: u32) -> Handoffs {
         Handoffs {
@@ -146,30 +176,77 @@ impl Handoffs {
         }
     }
 
-    /// When the lease of the owner of this client that holds `lock` (by a handoff, or an attempt
-    /// while others of this client were queued) runs out, and that hold's loss signal, if that
-    /// is not `owner` and the hold is still active: an attempt of `owner` would be refused, so a
-    /// waiter skips it and waits, for a release, a handoff, the lease's end or the hold's loss
-    /// (see [`Lock::attempts`](crate::Lock)).
-    pub(crate) fn held_here(&self, lock: &str, owner: &str) -> Option<(Instant, watch::Receiver<bool>)> {
-        let queues = self.queues.lock();
-        let (hold, gen) = queues.get(lock)?.holder.as_ref()?;
-        if *hold.owner == *owner {
-            return None;
+    /// Why an attempt of `owner` at `lock` would be wasted or unfair now, if it would: until when
+    /// to hold it back, and a signal (a watch that turns `true`) that ends the wait early. `woken`:
+    /// a release message woke the attempt.
+    ///
+    /// - Another owner of this client holds the lock (by a handoff, or an attempt while others of
+    ///   this client were queued) and its hold is active: the attempt would be refused. Until its
+    ///   lease runs out, or its loss.
+    /// - A release of this client that ends a streak is on its way: until its outcome is known
+    ///   (see [`freed`](Handoffs::freed)), at most [`YIELD_MAX`].
+    /// - Right after a release that ended a streak: the waiters its message woke on other clients
+    ///   get the lock first. Otherwise the owner that released, or another of this client, trying
+    ///   again at once would take it back before their attempts arrive (its own come a round trip
+    ///   sooner, and its woken waiter hears the message as soon as they do), and the limit would
+    ///   let no other client in. Attempts that a release message woke go ahead only if no other
+    ///   client heard that message.
+    pub(crate) fn hold_back(
+        &self,
+        lock: &str,
+        owner: &str,
+        woken: bool,
+    ) -> Option<(Instant, Option<watch::Receiver<bool>>)> {
+        let mut queues = self.queues.lock();
+        let queue = queues.get_mut(lock)?;
+        let now = Instant::now();
+        if let Some((hold, gen)) = &queue.holder {
+            if *hold.owner != *owner {
+                let st = hold.state.lock();
+                if st.gen == *gen && st.active() && st.deadline > now {
+                    return Some((st.deadline, Some(st.lost.subscribe())));
+                }
+            }
         }
-        let st = hold.state.lock();
-        (st.gen == *gen && st.active() && st.deadline > Instant::now())
-            .then(|| (st.deadline, st.lost.subscribe()))
+        if let Some(settled) = &queue.ending {
+            return Some((now + YIELD_MAX, Some(settled.subscribe())));
+        }
+        let until = queue.yield_until.filter(|until| *until > now)?;
+        if woken {
+            // The first woken attempt holds back; once it ends its wait (at `until`, or woken
+            // by another release), it is let through with the rest.
+            if !std::mem::take(&mut queue.yield_woken) {
+                return None;
+            }
+        }
+        Some((until, None))
     }
 
-    /// A release of this client left `lock` free (and told every client), its call taking `rtt`:
-    /// the streak starts again. If it ended a streak, this client's fresh attempts hold back for a
-    /// few such round trips (see [`yielding`](Handoffs::yielding)).
-    pub(crate) fn freed(&self, lock: &str, rtt: Duration) {
+    /// A release of this client is about to free `lock`: if it ends a streak of handoffs, its
+    /// waiters learn of it (see [`hold_back`](Handoffs::hold_back)) until the returned token goes.
+    pub(crate) fn ending(&self, lock: &Str) -> Option<Ending<'_>> {
+        let mut queues = self.queues.lock();
+        let queue = queues.get_mut(lock)?;
+        if self.limit == 0 || queue.streak < self.limit || queue.ending.is_some() {
+            return None;
+        }
+        queue.ending = Some(watch::channel(false).0);
+        Some(Ending {
+            handoffs: self,
+            lock: lock.clone(),
+        })
+    }
+
+    /// A release of this client left `lock` free (and told every client), its call taking `rtt`;
+    /// `others`: whether subscribers of other clients heard its message (`None`: unknown). The
+    /// streak starts again. If it ended a streak, this client's attempts hold back for a few such
+    /// round trips (see [`hold_back`](Handoffs::hold_back)).
+    pub(crate) fn freed(&self, lock: &str, rtt: Duration, others: Option<bool>) {
         let mut queues = self.queues.lock();
         if let Some(queue) = queues.get_mut(lock) {
             if queue.streak >= self.limit {
                 queue.yield_until = Some(Instant::now() + (rtt * YIELD_RTTS).clamp(YIELD_MIN, YIELD_MAX));
+                queue.yield_woken = others == Some(true);
             }
             queue.streak = 0;
             queue.holder = None;
@@ -177,17 +254,6 @@ impl Handoffs {
                 queues.remove(lock);
             }
         }
-    }
-
-    /// Until when this client's attempts at `lock` that no release message woke hold back: right
-    /// after a release that ended a streak, the waiters its message woke (on every client, one
-    /// here too) get the lock first. Otherwise the owner that released, or another of this client,
-    /// trying again at once would take it back before any message arrives, and the limit would
-    /// let no other client in.
-    pub(crate) fn yielding(&self, lock: &str) -> Option<Instant> {
-        let queues = self.queues.lock();
-        let until = queues.get(lock)?.yield_until?;
-        (until > Instant::now()).then_some(until)
     }
 }
 

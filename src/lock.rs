@@ -355,38 +355,40 @@ impl Lock {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
             }
-            // Another owner of this client holds the lock: an attempt would be refused. This waiter
-            // waits for its turn (or the release, or that lease's end) without one. So it does
-            // right after this client ended a streak of handoffs, unless a release woke it.
-            // The holder's loss ends that wait too: the lock may be free long before its lease ran
-            // out (removed behind its back, or taken over), and no release message says so.
-            let mut holder_lost = None;
-            let held_here = if handoff && !subscriptions.is_empty() {
-                let handoffs = &self.core.handoffs;
-                match handoffs.held_here(&keys.lock, &owner) {
-                    Some((deadline, lost)) => {
-                        holder_lost = Some(lost);
-                        Some(deadline)
-                    }
-                    None => wake_up
-                        .0
-                        .is_none()
-                        .then(|| handoffs.yielding(&keys.lock))
-                        .flatten(),
-                }
+            // Another owner of this client holds the lock (an attempt would be refused), or this
+            // client just ended a streak of handoffs (other clients' waiters go first): this waiter
+            // waits without an attempt, for its turn, a release, that lease's end or a signal that
+            // ends the wait (the holder's loss: the lock may be free long before its lease ran out,
+            // removed behind its back, and no release message says so). See `Handoffs::hold_back`.
+            let mut hold_back_ends = None;
+            let hold_back = if handoff && !subscriptions.is_empty() {
+                let woken = wake_up.0.is_some();
+                self.core
+                    .handoffs
+                    .hold_back(&keys.lock, &owner, woken)
+                    .map(|(deadline, ends)| {
+                        hold_back_ends = ends;
+                        deadline
+                    })
             } else {
                 None
             };
-            let attempt = match held_here {
+            let attempt = match hold_back {
                 Some(deadline) => Ok(Attempt::Refused {
                     ttl: Some(deadline.saturating_duration_since(Instant::now())),
                     split: false,
                 }),
-                None => self.core.attempt(&keys, &owner, mode, until).await,
+                None => {
+                    let attempt = self.core.attempt(&keys, &owner, mode, until).await;
+                    if attempt.is_ok() {
+                        // The release message that woke this waiter, if one did, is used.
+                        wake_up.0 = None;
+                    }
+                    attempt
+                }
             };
             let (ttl, split) = match attempt {
                 Ok(Attempt::Granted(grant)) => {
-                    wake_up.0 = None;
                     if handoff {
                         self.core.handoffs.granted(&keys.lock, &grant.hold, grant.gen);
                     }
@@ -398,7 +400,6 @@ impl Lock {
                     return Ok(Some(LockGuard::new(self.core.clone(), grant)));
                 }
                 Ok(Attempt::Refused { ttl, split }) => {
-                    wake_up.0 = None;
                     refused = true;
                     (ttl, split)
                 }
@@ -468,9 +469,11 @@ impl Lock {
             tokio::select! {
                 (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
                 () = tokio::time::sleep_until(wake_at) => {}
-                () = ended(&mut holder_lost) => {}
+                () = ended(&mut hold_back_ends) => {}
                 grant = handed => {
                     if let Some(grant) = grant {
+                        // Not passed on: this waiter got the lock.
+                        wake_up.0 = None;
                         return Ok(Some(LockGuard::new(self.core.clone(), grant)));
                     }
                     // Taken, but not handed the lock: try at once.
@@ -480,13 +483,14 @@ impl Lock {
     }
 }
 
-/// Completes when the hold whose loss signal `lost` is, is lost; never without one.
-async fn ended(lost: &mut Option<tokio::sync::watch::Receiver<bool>>) {
-    if let Some(lost) = lost {
-        if lost.wait_for(|lost| *lost).await.is_ok() {
+/// Completes when `signal` turns `true` (a hold's loss; a streak-ending release's outcome known);
+/// never without one.
+async fn ended(signal: &mut Option<tokio::sync::watch::Receiver<bool>>) {
+    if let Some(signal) = signal {
+        if signal.wait_for(|ended| *ended).await.is_ok() {
             return;
         }
-        // The hold started another generation since (its channel replaced): that one was
+        // A hold started another generation since (its loss channel replaced): that one was
         // released, which the release message or a handoff tells. Waking every waiter here would
         // only send them to the back of the queue.
     }

@@ -44,7 +44,11 @@ pub(crate) enum Vote {
 pub(crate) enum Released {
     NotHeld,
     StillHeld,
-    Freed,
+    /// Released and published: with how many subscribers heard the message, where the script
+    /// tells (a plain lock's release).
+    Freed {
+        heard: Option<u32>,
+    },
 }
 
 /// What one node said to a transfer (see [`Node::transfer`]).
@@ -394,7 +398,10 @@ impl Node {
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
             [1] => Ok(Released::StillHeld),
-            [2] => Ok(Released::Freed),
+            [2] => Ok(Released::Freed { heard: None }),
+            [2, heard] => Ok(Released::Freed {
+                heard: Some((*heard).clamp(0, i64::from(u32::MAX)) as u32),
+            }),
             other => Err(unexpected("release", other)),
         }
     }

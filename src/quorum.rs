@@ -344,6 +344,9 @@ pub(crate) struct Release {
     pub(crate) silent: Vec<usize>,
     /// The last error of a silent master.
     pub(crate) error: Option<Error>,
+    /// A master that told how many subscribers heard the release message, and that number (the
+    /// most of those that told).
+    pub(crate) heard: Option<(usize, u32)>,
 }
 
 impl Release {
@@ -386,11 +389,18 @@ pub(crate) async fn release_on(
         not_held: 0,
         silent: Vec::new(),
         error: None,
+        heard: None,
     };
     for (i, outcome) in outcomes {
         match outcome {
             Ok(Released::NotHeld) => out.not_held += 1,
-            Ok(Released::StillHeld | Released::Freed) => out.held += 1,
+            Ok(Released::StillHeld) => out.held += 1,
+            Ok(Released::Freed { heard }) => {
+                out.held += 1;
+                if let Some(heard) = heard.filter(|&h| out.heard.is_none_or(|(_, most)| h > most)) {
+                    out.heard = Some((i, heard));
+                }
+            }
             // A key of another type will not change by waiting: only silence is worth a retry.
             Err(Error::WrongType(_)) => out.not_held += 1,
             Err(err) => {

@@ -129,13 +129,22 @@ async fn release_in_span(
         core.holds.retire_if_idle(hold);
         return result;
     }
+    // This client's waiters hold back while a release that ends a handoff streak is on its way.
+    let ending = (target == 0)
+        .then(|| core.handoffs.ending(&hold.keys.lock))
+        .flatten();
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
     let sent = Instant::now();
     let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
     if target == 0 {
-        // The lock is free (or was not ours): a handoff streak starts again.
-        core.handoffs.freed(&hold.keys.lock, sent.elapsed());
+        // The lock is free (or was not ours): a handoff streak starts again. Other clients heard
+        // the release message if more subscribers did than this client's.
+        let channel = hold.keys.wait_channel();
+        let ours = |i: usize| u32::from(core.masters.nodes[i].waiters.subscribed(channel));
+        let others = outcome.heard.map(|(i, heard)| heard > ours(i));
+        core.handoffs.freed(&hold.keys.lock, sent.elapsed(), others);
     }
+    drop(ending);
     {
         let mut st = hold.state.lock();
         if st.gen == gen {

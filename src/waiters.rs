@@ -206,6 +206,16 @@ impl Waiters {
         confirmed.then_some(subscription)
     }
 
+    /// Whether this client's subscriber connection is subscribed to `channel` (its `SUBSCRIBE` sent
+    /// and not undone): then a release message on it is heard here too.
+    pub(crate) fn subscribed(&self, channel: &Str) -> bool {
+        self.shared
+            .channels
+            .lock()
+            .get(channel)
+            .is_some_and(|entry| entry.sent)
+    }
+
     /// Wakes every waiter of every channel (shutdown).
     pub(crate) fn wake_all(&self) {
         wake_all(&self.shared);

@@ -95,43 +95,64 @@ async fn a_limit_of_zero_frees_the_lock_on_every_release() {
 }
 
 /// Owners of one client that keep taking a lock in turn would pass it among themselves forever;
-/// the limit frees it every few handoffs, and the other client's waiter gets in.
+/// the limit frees it every few handoffs, and the other client's waiter gets in: at the first
+/// streak's end, mostly. This client's own waiters hear the same release message, a little sooner
+/// than the other client's waiter (whose attempt also comes a round trip after the releasing
+/// owner's next one); they hold back while other clients heard it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_lets_the_waiters_of_other_clients_in() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let server = RedisServer::start();
     let name = unique_name("handoff-limit");
     let here = client(&server, config(2)).await;
     let there = client(&server, config(2)).await;
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sections = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
     let mut busy = Vec::new();
     for _ in 0..3 {
         let lock = here.lock(&name);
-        let (stop, tokens) = (stop.clone(), tokens.clone());
+        let (stop, sections, tokens) = (stop.clone(), sections.clone(), tokens.clone());
         busy.push(tokio::spawn(Owner::new().scope(async move {
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 let guard = lock.acquire().await.unwrap();
                 tokens.lock().push(guard.fencing_token());
+                sections.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 guard.release().await.unwrap();
             }
         })));
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let got = there
-        .lock(&name)
-        .try_acquire_for(Duration::from_secs(5))
-        .await
-        .unwrap();
-    let guard = got.expect("the other client's waiter gets the lock well before the 30 s lease");
-    tokens.lock().push(guard.fencing_token());
-    guard.release().await.unwrap();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    // How many of this client's sections passed while the other client waited, per round.
+    let mut passed = Vec::new();
+    for _ in 0..20 {
+        let before = sections.load(Ordering::Relaxed);
+        let got = there
+            .lock(&name)
+            .try_acquire_for(Duration::from_secs(5))
+            .await
+            .unwrap();
+        let guard = got.expect("the other client's waiter gets the lock well before the 30 s lease");
+        passed.push(sections.load(Ordering::Relaxed) - before);
+        tokens.lock().push(guard.fencing_token());
+        guard.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
     for task in busy {
         task.await.unwrap();
     }
+    // The section under way when the waiter came, then a streak (a fresh acquisition and 2
+    // handoffs): 4 sections at most before the first streak's end. Without the hold-back, this
+    // client's waiter took the lock back at most ends: about 1 round in 5 got in at the first.
+    let first_end = passed.iter().filter(|&&n| n <= 4).count();
+    assert!(
+        first_end >= passed.len() * 3 / 4,
+        "the other client mostly gets in at the first streak's end; sections passed: {passed:?}"
+    );
     let tokens = tokens.lock().clone();
-    assert!(tokens.len() > 10);
+    assert!(tokens.len() > 20);
     assert!(
         tokens.windows(2).all(|w| w[0] < w[1]),
         "fencing tokens rise with every section, handoffs included"
