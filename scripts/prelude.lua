@@ -22,3 +22,15 @@ local function latch_left(key)
   local n = tonumber(redis.call('HGET', key, 'count'))
   return n and n - (redis.call('HLEN', key) - 1)
 end
+
+-- The server's clock ({seconds, microseconds}, as TIME gives it), read once per script call: every
+-- call of TIME costs about as much as a small command, and the acquisitions of one batch can share
+-- a reading (each lock has its own fence counter; a counter already at the reading draws the next
+-- number above it, see acquire.lua).
+local clock_reading = false
+local function clock()
+  if not clock_reading then
+    clock_reading = redis.call('TIME')
+  end
+  return clock_reading
+end

@@ -274,6 +274,51 @@ async fn a_new_token_is_the_server_clock_in_microseconds() {
     }
 }
 
+/// The acquisitions of one batch call share one reading of the server's clock (`TIME` costs about
+/// as much as a small command): one lock taken, released and taken again by other owners in one
+/// call, as a batch may carry it, still draws rising tokens, and the call reads the clock once.
+/// The plain batch script as relock composes it, with the arguments relock sends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens() {
+    use fred::interfaces::LuaInterface;
+    let server = RedisServer::start();
+    let admin = support::fred_client(&server.url()).await;
+    let body = concat!(
+        include_str!("../scripts/prelude.lua"),
+        include_str!("../scripts/acquire.lua"),
+        include_str!("../scripts/release.lua"),
+        include_str!("../scripts/transfer.lua"),
+        include_str!("../scripts/batch.lua")
+    );
+    let lock = lock_key(&unique_name("one-call"));
+    let fence = format!("{lock}:fence");
+    let channel = format!("{lock}:released");
+    let (mut keys, mut args) = (Vec::new(), vec!["6".to_string(), "PUBLISH".to_string()]);
+    for owner in ["a:1", "b:1", "c:1"] {
+        keys.extend([lock.clone(), fence.clone(), lock.clone()]);
+        args.extend(["a", owner, "30000", "1"].map(String::from));
+        args.extend(["r", owner, "0", &channel].map(String::from));
+    }
+    let time_before = server.command_calls("time");
+    let reply: Vec<i64> = admin.eval(body, keys, args).await.expect("eval");
+    assert_eq!(server.command_calls("time") - time_before, 1, "one clock reading");
+    // Per operation: its item count, then its items; an acquisition's are {1, previous, token}.
+    let (mut at, mut tokens) = (0, Vec::new());
+    while at < reply.len() {
+        let items = &reply[at + 1..at + 1 + reply[at] as usize];
+        if items.len() == 3 {
+            assert_eq!(items[0], 1, "granted: {reply:?}");
+            tokens.push(items[2]);
+        } else {
+            assert_eq!(items[0], 2, "released: {reply:?}");
+        }
+        at += 1 + items.len();
+    }
+    assert_eq!(tokens.len(), 3, "{reply:?}");
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    assert!(!server.exists(&lock));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_holders_and_a_wiped_server() {
     let mut server = RedisServer::start();
