@@ -283,13 +283,7 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
     use fred::interfaces::LuaInterface;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
-    let body = concat!(
-        include_str!("../scripts/prelude.lua"),
-        include_str!("../scripts/acquire.lua"),
-        include_str!("../scripts/release.lua"),
-        include_str!("../scripts/transfer.lua"),
-        include_str!("../scripts/batch.lua")
-    );
+    let body = support::BATCH_PLAIN_SCRIPT;
     let lock = lock_key(&unique_name("one-call"));
     let fence = format!("{lock}:fence");
     let channel = format!("{lock}:released");

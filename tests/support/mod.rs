@@ -428,6 +428,16 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// relock's batch script for plain locks as the library composes it (`BATCH_PLAIN` in
+/// `src/scripts.rs`), for tests and benches that run it without the library.
+pub const BATCH_PLAIN_SCRIPT: &str = concat!(
+    include_str!("../../scripts/prelude.lua"),
+    include_str!("../../scripts/acquire.lua"),
+    include_str!("../../scripts/release.lua"),
+    include_str!("../../scripts/transfer.lua"),
+    include_str!("../../scripts/batch.lua")
+);
+
 /// The Redis key of the lock `name` under the default prefix.
 pub fn lock_key(name: &str) -> String {
     format!("relock:{{{name}}}")

@@ -27,13 +27,8 @@ use crate::Mode;
 /// relock's batch script (acquisitions and releases go through it; batches of one here, under load
 /// relock puts many operations in one call), loaded on `server`: its SHA.
 fn load_batch_script(server: &RedisServer) -> String {
-    let batch = concat!(
-        include_str!("../../../scripts/acquire.lua"),
-        include_str!("../../../scripts/release.lua"),
-        include_str!("../../../scripts/batch.lua")
-    );
     server
-        .cmd(&["SCRIPT", "LOAD", batch])
+        .cmd(&["SCRIPT", "LOAD", crate::support::BATCH_PLAIN_SCRIPT])
         .as_str()
         .expect("SCRIPT LOAD")
         .to_string()
