@@ -24,7 +24,8 @@
 //! single task's cycle took 18 % longer. With many requests in flight the workers are busy anyway
 //! and the wake is pure cost: without it 256 tasks ran 13 % more cycles per second.
 //!
-//! The task stops when its `Deadlines` is dropped.
+//! The task stops once its `Deadlines` is dropped and the requests it bounds have ended (each
+//! holds the shared state until it ends, so its bound holds to the last).
 
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
@@ -188,7 +189,8 @@ impl Drop for Deadlines {
 }
 
 /// The task: fires what is due, then sleeps until the earliest deadline left or a wake-up. It
-/// holds the shared state only while awake, so it ends once the `Deadlines` is dropped.
+/// holds the shared state only while awake, so it ends once the `Deadlines` and every request it
+/// bounds are gone.
 async fn run(shared: Weak<Shared>) {
     loop {
         let Some(strong) = shared.upgrade() else { return };

@@ -360,18 +360,15 @@ impl Lock {
             // waits without an attempt, for its turn, a release, that lease's end or a signal that
             // ends the wait (the holder's loss: the lock may be free long before its lease ran out,
             // removed behind its back, and no release message says so). See `Handoffs::hold_back`.
-            let mut hold_back_ends = None;
-            let hold_back = if handoff && !subscriptions.is_empty() {
-                let woken = wake_up.0.is_some();
-                self.core
-                    .handoffs
-                    .hold_back(&keys.lock, &owner, woken)
-                    .map(|(deadline, ends)| {
-                        hold_back_ends = ends;
-                        deadline
-                    })
-            } else {
-                None
+            let held_back = (handoff && !subscriptions.is_empty())
+                .then(|| {
+                    let woken = wake_up.0.is_some();
+                    self.core.handoffs.hold_back(&keys.lock, &owner, woken)
+                })
+                .flatten();
+            let (hold_back, mut hold_back_ends) = match held_back {
+                Some((deadline, ends)) => (Some(deadline), ends),
+                None => (None, None),
             };
             let attempt = match hold_back {
                 Some(deadline) => Ok(Attempt::Refused {
