@@ -9,8 +9,11 @@
 -- connection) leaves the same state behind. A target of 1 starts a new hold and draws a new fencing
 -- token (see below); a reentrant acquisition returns the current counter.
 --
--- Returns {1, previous count of this owner (0 if none), token} when granted,
---         {0, remaining ttl in ms} when another owner holds the lock.
+-- Returns 1, previous count of this owner (0 if none), token when granted,
+--         0, remaining ttl in ms when another owner holds the lock:
+-- several values, not a table (a table per call costs the server more than its caller's use of it;
+-- callers that keep the reply wrap it: `{acquire(...)}`). The token is a number or its decimal
+-- digits as a string (the clock's, as read; the client parses either).
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: the lock is read, and
 -- the fence read, swapped or incremented (SET ... GET and INCR on another type fail without writing),
 -- before any write.
@@ -35,7 +38,7 @@ local function acquire(lock, fence, owner, lease, target, in_step)
           ended = ended or {}
           ended[#ended + 1] = field
         else
-          return {0, ttl}
+          return 0, ttl
         end
       end
     end
@@ -60,31 +63,31 @@ local function acquire(lock, fence, owner, lease, target, in_step)
     -- increments while present (a promoted replica) is covered from the next second on; within
     -- the same second, the quorum's restart quarantine keeps such a master out.
     -- Read once per script call (see prelude.lua): a batch's acquisitions share it.
-    local t = clock()
-    -- The clock in microseconds as digits: seconds, then the microseconds padded to six. Built
-    -- by concatenation: `string.format('%.0f')` costs the server about as much as a command does.
-    local now_digits = t[1] .. string.sub('00000' .. t[2], -6)
-    local now = tonumber(now_digits)
+    local t, now = clock()
     if in_step then
       -- The counter plus one, in one command: INCR is the read and the write of the step. Only at
       -- the first draw of a second (or with the counter missing: INCR gives 1) is the floor above
       -- it, and written over it. A resend draws once more, as a GET and SET would: tokens only rise.
       token = redis.call('INCR', fence)
-      local floor_digits = token == 1 and now_digits or (t[1] .. '000000')
+      local floor_digits = token == 1 and now or (t[1] .. '000000')
       if token < tonumber(floor_digits) then
         redis.call('SET', fence, floor_digits)
         token = tonumber(floor_digits)
       end
     else
-      local counter = tonumber(redis.call('SET', fence, now_digits, 'GET') or '0')
+      -- Compared as digit strings, not numbers: converting sixteen digits costs the server more
+      -- than the comparison (a longer string of digits is the larger number; one of equal length
+      -- compares as text). A counter that is no number fails the call below (tonumber gives nil),
+      -- unless it is shorter than the clock's digits, when the clock simply replaces it.
+      local counter = redis.call('SET', fence, now, 'GET')
       token = now
-      if counter >= now then
-        token = counter + 1
-        redis.call('SET', fence, string.format('%.0f', token))
+      if counter and (#counter > #now or (#counter == #now and counter >= now)) then
+        token = string.format('%.0f', tonumber(counter) + 1)
+        redis.call('SET', fence, token)
       end
     end
   else
-    token = tonumber(redis.call('GET', fence) or '0')
+    token = redis.call('GET', fence) or 0
   end
 
   if ended then
@@ -92,5 +95,5 @@ local function acquire(lock, fence, owner, lease, target, in_step)
   end
   redis.call('HSET', lock, owner, target)
   redis.call('PEXPIRE', lock, lease)
-  return {1, tonumber(prev or '0'), token}
+  return 1, prev and tonumber(prev) or 0, token
 end

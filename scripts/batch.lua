@@ -44,62 +44,79 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 -- Plain comparisons, not lookup tables: tables built on every call cost more than the tests.
 for _ = 1, tonumber(ARGV[1]) do
-  local ok, reply, heard
+  -- A plain acquisition or release (the common operations) replies with several values, the
+  -- others with a table: ok, then either.
+  local ok, reply, second, third
   local op = ARGV[a]
   -- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
-  -- channel).
-  local five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'
+  -- channel) are rare: tested only past the plain ones.
+  local five = false
   if op == 'a' or op == 'q' then
-    ok, reply = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), op == 'q')
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
+      op == 'q')
     k = k + 2
-  elseif op == 'w' or op == 'W' or op == 'v' or op == 'V' then
-    ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', five and tonumber(ARGV[a + 4]))
-    k = k + 4
-  elseif op == 'd' then
-    ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
-    k = k + 4
-  elseif op == 'f' or op == 'F' or op == 'g' or op == 'G' then
-    ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-      tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five and tonumber(ARGV[a + 4]))
-    k = k + 3
-  elseif op == 't' then
-    ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
-      ARGV[a + 4], publish)
-    k = k + 2
-  elseif op == 'h' then
-    ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    k = k + 2
-  elseif op == 'z' then
-    ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-      ARGV[a + 3], publish)
-    k = k + 3
-  elseif op == 'o' then
-    ok, reply = pcall(release_write, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    k = k + 2
-  elseif op == 'm' then
-    ok, reply = pcall(rw_unmark, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-    k = k + 2
-  elseif op == 'x' then
-    ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
-    k = k + 2
-  else
-    ok, reply, heard = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
+  elseif op == 'r' then
+    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
     k = k + 1
+  else
+    five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'
+    if op == 'w' or op == 'W' or op == 'v' or op == 'V' then
+      ok, reply = pcall(acquire_write, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+        tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), op == 'v' or op == 'V', five and tonumber(ARGV[a + 4]))
+      k = k + 4
+    elseif op == 'd' then
+      ok, reply = pcall(acquire_read, KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1],
+        tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]))
+      k = k + 4
+    elseif op == 'f' or op == 'F' or op == 'g' or op == 'G' then
+      ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
+        tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five and tonumber(ARGV[a + 4]))
+      k = k + 3
+    elseif op == 't' then
+      ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
+        ARGV[a + 4], publish)
+      k = k + 2
+    elseif op == 'h' then
+      ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+      k = k + 2
+    elseif op == 'z' then
+      ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
+        ARGV[a + 3], publish)
+      k = k + 3
+    elseif op == 'o' then
+      ok, reply = pcall(release_write, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+      k = k + 2
+    elseif op == 'm' then
+      ok, reply = pcall(rw_unmark, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+      k = k + 2
+    elseif op == 'x' then
+      -- A read hold's release: its code only (how many heard it is not passed on).
+      ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
+      k = k + 2
+    else
+      ok, reply = false, 'ERR relock batch: unknown operation'
+    end
   end
   a = a + (five and 5 or 4)
-  if ok and heard then
-    -- A plain lock's release that published: its code and how many subscribers heard it.
-    out[n + 1] = 2
-    out[n + 2] = reply
-    out[n + 3] = heard
-    n = n + 3
-  elseif ok and type(reply) == 'number' then
-    -- A release's reply: a code.
-    out[n + 1] = 1
-    out[n + 2] = reply
-    n = n + 2
+  if ok and type(reply) == 'number' then
+    -- A plain operation's values (a release's code, and how many heard it when it published; an
+    -- acquisition's code and its one or two values), or another release's code.
+    if third ~= nil then
+      out[n + 1] = 3
+      out[n + 2] = reply
+      out[n + 3] = second
+      out[n + 4] = third
+      n = n + 4
+    elseif second ~= nil then
+      out[n + 1] = 2
+      out[n + 2] = reply
+      out[n + 3] = second
+      n = n + 3
+    else
+      out[n + 1] = 1
+      out[n + 2] = reply
+      n = n + 2
+    end
   elseif ok and type(reply) == 'table' and not reply.err then
     out[n + 1] = #reply
     for j = 1, #reply do

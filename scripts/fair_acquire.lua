@@ -71,7 +71,7 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
       return {0, ttl}
     end
   end
-  local reply = acquire(lock, fence, owner, lease, target, in_step)
+  local reply = {acquire(lock, fence, owner, lease, target, in_step)}
   if reply[1] == 1 then
     if head then
       redis.call('ZREM', queue, head)

@@ -35,8 +35,8 @@ for i = 1, n do
 end
 local out = {1}
 for i = 1, n do
-  local reply = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i - 1]), false)
-  out[#out + 1] = reply[2]
-  out[#out + 1] = reply[3]
+  local _, prev, token = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i - 1]), false)
+  out[#out + 1] = prev
+  out[#out + 1] = token
 end
 return out

@@ -39,7 +39,7 @@ local function acquire_write(write, fence, readers, waiting, owner, lease, targe
       return {0, ttl}
     end
   end
-  local reply = acquire(write, fence, owner, lease, target, in_step)
+  local reply = {acquire(write, fence, owner, lease, target, in_step)}
   if reply[1] == 1 then
     if id then
       redis.call('HDEL', waiting, id)
