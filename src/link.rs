@@ -78,13 +78,10 @@ impl NodeClient {
         calls: Vec<(Vec<Key>, Vec<Value>)>,
     ) -> Vec<Result<Reply<R>, fred::error::Error>> {
         let Some((sync, replicas)) = &self.sync else {
-            let runs: Vec<_> = calls
-                .into_iter()
-                .map(|(keys, args)| async move {
-                    let value = script.run(&self.batch, keys, args).await?;
-                    Ok(Reply { value, acked: None })
-                })
-                .collect();
+            let runs = calls.into_iter().map(|(keys, args)| async move {
+                let value = script.run(&self.batch, keys, args).await?;
+                Ok(Reply { value, acked: None })
+            });
             return Sent::start(runs).await.finish().await;
         };
         // Boxed: a synced round's state held inline would make every batched operation's future
@@ -227,9 +224,12 @@ struct Sent<F: Future> {
 type Started<F> = (Pin<Box<F>>, Option<<F as Future>::Output>);
 
 impl<F: Future> Sent<F> {
-    async fn start(requests: Vec<F>) -> Sent<F> {
+    async fn start(requests: impl IntoIterator<Item = F>) -> Sent<F> {
         // Boxed before the loop: a request held by value across the poll below would keep a slot
-        // of its size in this future's state (and in every future that awaits this one).
+        // of its size in this future's state (and in every future that awaits this one). Each is
+        // boxed as it is made, not gathered in a list first: a script call's request is about 7 KB
+        // (fred's command future), and a list of them costs one more allocation of that size and
+        // one more copy per request.
         let boxed: Vec<Pin<Box<F>>> = requests.into_iter().map(Box::pin).collect();
         let mut out = Vec::with_capacity(boxed.len());
         for mut request in boxed {

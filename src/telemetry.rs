@@ -67,8 +67,11 @@ mod imp {
     use metrics::{counter, gauge, histogram};
     use std::time::Duration;
 
+    // Label values given as literals make a static key: the figures of a client with no recorder
+    // (and without the opt-in `lock` label) allocate nothing. A value in a variable would build
+    // the key's label list on every call, recorder or not.
     macro_rules! with_lock {
-        ($macro:ident, $name:expr, $label:expr $(, $k:expr => $v:expr)*) => {
+        ($macro:ident, $name:literal, $label:expr $(, $k:literal => $v:literal)*) => {
             match $label {
                 Some(lock) => $macro!($name $(, $k => $v)*, "lock" => lock.to_string()),
                 None => $macro!($name $(, $k => $v)*),
@@ -77,10 +80,20 @@ mod imp {
     }
 
     pub(crate) fn acquisition(label: &Label, outcome: Outcome, waited: Duration) {
-        let outcome = outcome.name();
-        with_lock!(counter, "relock_acquisitions_total", label, "outcome" => outcome).increment(1);
-        with_lock!(histogram, "relock_acquire_wait_seconds", label, "outcome" => outcome)
-            .record(waited.as_secs_f64());
+        macro_rules! record {
+            ($outcome:literal) => {{
+                with_lock!(counter, "relock_acquisitions_total", label, "outcome" => $outcome).increment(1);
+                with_lock!(histogram, "relock_acquire_wait_seconds", label, "outcome" => $outcome)
+                    .record(waited.as_secs_f64());
+            }};
+        }
+        match outcome {
+            Outcome::Granted => record!("granted"),
+            Outcome::Refused => record!("refused"),
+            Outcome::Timeout => record!("timeout"),
+            Outcome::Error => record!("error"),
+            Outcome::Cancelled => record!("cancelled"),
+        }
     }
 
     pub(crate) fn waiters(label: &Label, delta: f64) {
@@ -93,14 +106,16 @@ mod imp {
 
     pub(crate) fn hold_ended(label: &Label, end: End, held: Duration) {
         with_lock!(gauge, "relock_held_locks", label).decrement(1.0);
-        let name = match end {
-            End::Released => "released",
-            End::Lost => "lost",
-        };
-        with_lock!(histogram, "relock_hold_seconds", label, "end" => name).record(held.as_secs_f64());
+        let held = held.as_secs_f64();
         match end {
-            End::Released => with_lock!(counter, "relock_releases_total", label).increment(1),
-            End::Lost => with_lock!(counter, "relock_locks_lost_total", label).increment(1),
+            End::Released => {
+                with_lock!(histogram, "relock_hold_seconds", label, "end" => "released").record(held);
+                with_lock!(counter, "relock_releases_total", label).increment(1);
+            }
+            End::Lost => {
+                with_lock!(histogram, "relock_hold_seconds", label, "end" => "lost").record(held);
+                with_lock!(counter, "relock_locks_lost_total", label).increment(1);
+            }
         }
     }
 
@@ -114,7 +129,12 @@ mod imp {
     }
 
     pub(crate) fn redis_call(script: &'static str) {
-        counter!("relock_redis_calls_total", "script" => script).increment(1);
+        // The common scripts by literal (see `with_lock!`), the rest as they come.
+        match script {
+            "batch" => counter!("relock_redis_calls_total", "script" => "batch").increment(1),
+            "renew" => counter!("relock_redis_calls_total", "script" => "renew").increment(1),
+            other => counter!("relock_redis_calls_total", "script" => other).increment(1),
+        }
     }
 }
 

@@ -144,6 +144,12 @@ impl Topology {
         items: impl IntoIterator<Item = T>,
         key: impl Fn(&T) -> &str,
     ) -> Vec<Vec<T>> {
+        if self.kind != Kind::Cluster {
+            // One group: a list's own allocation is reused, and no map is built (this runs on
+            // every script call).
+            let all: Vec<T> = items.into_iter().collect();
+            return if all.is_empty() { Vec::new() } else { vec![all] };
+        }
         let mut index: std::collections::HashMap<u16, usize> = std::collections::HashMap::new();
         let mut groups: Vec<Vec<T>> = Vec::new();
         for item in items {
