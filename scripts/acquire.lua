@@ -1,7 +1,9 @@
 -- Take or re-enter a lock (a function of the batch script, see batch.lua; prelude.lua's helpers).
 -- lock: the lock hash (field: the hold's owner and generation, `owner:generation`, value: hold count);
 -- fence: the fence counter; owner: that field; lease: lease in ms; target: the hold count after this
--- acquisition; in_step: the server is one master of a quorum (see the token below). An ended
+-- acquisition, a number or its digits (the batch passes its argument's string: a Lua number passed
+-- to a command is formatted by `printf`, which costs the server more than the rest of the call's
+-- Lua); in_step: the server is one master of a quorum (see the token below). An ended
 -- generation of the same owner (a hold lost, a release still on its way) is replaced; a late request
 -- for it then finds nothing and changes nothing.
 --
@@ -46,7 +48,7 @@ local function acquire(lock, fence, owner, lease, target, in_step)
   -- The fence is read (or written) before the lock is, so that a fence of another type fails the
   -- call before anything is written.
   local token
-  if target == 1 then
+  if target == 1 or target == '1' then
     -- The next token is above the counter and never below the server's clock in microseconds. The
     -- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
     -- without persistence, or a replica promoted before it received them (asynchronous replication).

@@ -52,8 +52,7 @@ for _ = 1, tonumber(ARGV[1]) do
   -- channel) are rare: tested only past the plain ones.
   local five = false
   if op == 'a' or op == 'q' then
-    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
-      op == 'q')
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q')
     k = k + 2
   elseif op == 'r' then
     ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)

@@ -16,7 +16,7 @@
 -- published as release.lua would, so that no waiter sleeps on a free lock, and the error raised.
 local function transfer(lock, fence, from, to, lease, channel, publish)
   local released = redis.call('HDEL', lock, from)
-  local ok, granted, prev_or_ttl, token = pcall(acquire, lock, fence, to, lease, 1, false)
+  local ok, granted, prev_or_ttl, token = pcall(acquire, lock, fence, to, lease, '1', false)
   if not ok or granted ~= 1 then
     if released == 1 and redis.call('EXISTS', lock) == 0 then
       redis.call(publish, channel, '1')
