@@ -313,6 +313,33 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
     assert!(!server.exists(&lock));
 }
 
+/// The copy of the plain batch script that this file and the bench run without the library
+/// (`support::BATCH_PLAIN_SCRIPT`) is the script relock itself runs: after an acquisition and a
+/// release through relock, the copy's SHA is in the server's script cache, where it was not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_support_copy_of_the_plain_batch_script_is_the_one_relock_runs() {
+    use fred::interfaces::LuaInterface;
+    let server = RedisServer::start();
+    let admin = support::fred_client(&server.url()).await;
+    let sha = fred::util::sha1_hash(support::BATCH_PLAIN_SCRIPT);
+    let cached: Vec<bool> = admin.script_exists(sha.clone()).await.expect("SCRIPT EXISTS");
+    assert_eq!(cached, vec![false], "a fresh server has no scripts");
+    let client = LockClient::connect(&server.url()).await.expect("connect");
+    let guard = client
+        .lock(&unique_name("copy"))
+        .acquire()
+        .await
+        .expect("acquire");
+    guard.release().await.expect("release");
+    let cached: Vec<bool> = admin.script_exists(sha).await.expect("SCRIPT EXISTS");
+    assert_eq!(
+        cached,
+        vec![true],
+        "relock ran another plain batch script than the copy"
+    );
+    client.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fencing_tokens_increase_across_holders_and_a_wiped_server() {
     let mut server = RedisServer::start();
