@@ -3,9 +3,17 @@
 -- fence: the fence counter; owner: that field; lease: lease in ms; target: the hold count after this
 -- acquisition, a number or its digits (the batch passes its argument's string: a Lua number passed
 -- to a command is formatted by `printf`, which costs the server more than the rest of the call's
--- Lua); in_step: the server is one master of a quorum (see the token below). An ended
--- generation of the same owner (a hold lost, a release still on its way) is replaced; a late request
--- for it then finds nothing and changes nothing.
+-- Lua); in_step: the server is one master of a quorum (see the token below); marks: a plain lock,
+-- whose waiters mark the hold that refused them (below); carry: the new hold starts marked (a
+-- transfer from a marked hold). An ended generation of the same owner (a hold lost, a release still
+-- on its way) is replaced, its mark carried over; a late request for it then finds nothing and
+-- changes nothing.
+--
+-- A waiter's mark: a refusal of a plain lock (marks) sets the field `holder~` (value 1) beside the
+-- holder's field, once per hold, so that the holder's release announces itself (release.lua); a
+-- release that finds no mark publishes nothing, as nobody waits. Only ever set beside its hold's
+-- field, and removed with it by every script that removes a hold of a plain lock (release.lua,
+-- transfer.lua, an ended generation here, force_unlock.lua's DEL, the lease's end).
 --
 -- The count is *set* to target, never incremented, so a call that runs twice (a resend after a dropped
 -- connection) leaves the same state behind. A target of 1 starts a new hold and draws a new fencing
@@ -19,7 +27,7 @@
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: the lock is read, and
 -- the fence read, swapped or incremented (SET ... GET and INCR on another type fail without writing),
 -- before any write.
-local function acquire(lock, fence, owner, lease, target, in_step)
+local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
   -- A free lock (the common case) needs no look at its fields: one PTTL (-2: no such key) instead
   -- of HGET and HKEYS; a refusal reports the same PTTL.
   local prev = false
@@ -33,15 +41,28 @@ local function acquire(lock, fence, owner, lease, target, in_step)
       -- starts with the same `owner:` and only the generation differs): a hold lost, or a release
       -- still on its way. Only the latter is ours to replace; it is removed below, once nothing can
       -- refuse.
+      -- A mark (a field ending in `~`, byte 126) belongs to the hold beside it: an ended one's
+      -- goes with it, and is carried to this hold (its waiters still wait).
       local id = owner_of(owner)
       local mine = id and (id .. ':')
+      local holder = false
+      local marked = false
       for _, field in ipairs(redis.call('HKEYS', lock)) do
         if mine and string.sub(field, 1, #mine) == mine then
           ended = ended or {}
           ended[#ended + 1] = field
+          carry = carry or string.byte(field, -1) == 126
+        elseif string.byte(field, -1) == 126 then
+          marked = true
         else
-          return 0, ttl
+          holder = field
         end
+      end
+      if holder then
+        if marks and not marked then
+          redis.call('HSET', lock, holder .. '~', '1')
+        end
+        return 0, ttl
       end
     end
   end
@@ -99,7 +120,11 @@ local function acquire(lock, fence, owner, lease, target, in_step)
   if ended then
     redis.call('HDEL', lock, unpack(ended))
   end
-  redis.call('HSET', lock, owner, target)
+  if carry then
+    redis.call('HSET', lock, owner, target, owner .. '~', '1')
+  else
+    redis.call('HSET', lock, owner, target)
+  end
   redis.call('PEXPIRE', lock, lease)
   return 1, prev and tonumber(prev) or 0, token
 end

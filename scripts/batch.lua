@@ -2,7 +2,7 @@
 -- while its previous call was in flight. prelude.lua and the files of the functions it runs are
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
 -- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua,
--- transfer.lua. A second script, for plain locks only (operations 'a', 'q', 'r', 't'), prepends only
+-- transfer.lua. A second script, for plain locks only (operations 'a', 'q', 'r', 'p', 't'), prepends only
 -- prelude.lua, acquire.lua, release.lua and transfer.lua (`BATCH_PLAIN` in `scripts.rs`): every call
 -- defines its functions anew, and most calls need no others. The client sends any other operation
 -- to the full script only.
@@ -10,7 +10,8 @@
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
 -- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
---   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua)
+--   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua; a
+--                                  refusal marks the holder)
 --   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
 --   'w', the same                  with KEYS write, fence, readers, waiting (rw_write.lua); 'W' also
 --                                  records a waiting writer on refusal, for a fifth argument's ms;
@@ -19,7 +20,11 @@
 --   'f', the same                  with KEYS lock, fence, queue (fair_acquire.lua); 'F' also
 --                                  queues the owner on refusal, its place kept for a fifth
 --                                  argument's ms; 'g' and 'G' on a quorum
---   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter)
+--   'r', owner, target, channel    with KEYS lock           (see release.lua; wakes one waiter per
+--                                  client, published only if a waiter marked the hold)
+--   'p', the same                  as 'r', always published (the client has waiters of its own on
+--                                  the channel; a semaphore's permit holder, whose waiters leave no
+--                                  mark)
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes one writer)
 --   'o', the same                  with KEYS write, waiting: a write hold (rw_write_release.lua)
 --   'm', the same                  with KEYS waiting, write: a waiting writer's mark (rw_unmark.lua)
@@ -52,10 +57,10 @@ for _ = 1, tonumber(ARGV[1]) do
   -- channel) are rare: tested only past the plain ones.
   local five = false
   if op == 'a' or op == 'q' then
-    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q')
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q', true)
     k = k + 2
-  elseif op == 'r' then
-    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false)
+  elseif op == 'r' or op == 'p' then
+    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false, op == 'r')
     k = k + 1
   else
     five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'

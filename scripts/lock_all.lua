@@ -5,7 +5,7 @@
 -- lease in ms (ARGV[3i - 2], ARGV[3i - 1], ARGV[3i]).
 --
 -- Every lock is checked before anything is written: one held by another owner refuses the whole
--- set, and a reentrant acquisition (count > 1) whose hold is gone refuses it too, naming that lock
+-- set (and only its holder is marked, see acquire.lua), and a reentrant acquisition (count > 1) whose hold is gone refuses it too, naming that lock
 -- (its holder must learn it lost the lock). Counts are set, not incremented, as in acquire.lua: a
 -- resend leaves the same state.
 -- Returns {1, then per lock: previous count, token} when every lock is granted,
@@ -20,13 +20,27 @@ for i = 1, n do
   end
   local held = redis.call('EXISTS', lock) == 1
   if held and not redis.call('HGET', lock, owner) then
-    -- Another owner's field refuses; an ended generation of this owner does not (acquire replaces it).
+    -- Another owner's field refuses; an ended generation of this owner does not (acquire replaces
+    -- it). The set then waits for that lock's release (see lock_set.rs): its holder is marked, as a
+    -- refusal in acquire.lua marks it (a mark is a field ending in `~`, byte 126).
     local id = owner_of(owner)
     local mine = id and (id .. ':')
+    local holder = false
+    local marked = false
     for _, field in ipairs(redis.call('HKEYS', lock)) do
       if not mine or string.sub(field, 1, #mine) ~= mine then
-        return {0, redis.call('PTTL', lock), i}
+        if string.byte(field, -1) == 126 then
+          marked = true
+        else
+          holder = field
+        end
       end
+    end
+    if holder then
+      if not marked then
+        redis.call('HSET', lock, holder .. '~', '1')
+      end
+      return {0, redis.call('PTTL', lock), i}
     end
   end
   if target > 1 and not (held and redis.call('HGET', lock, owner)) then

@@ -70,6 +70,9 @@ pub(crate) enum Op {
         channel: Str,
         /// Whose hold: decides the operation and its other keys.
         kind: Kind,
+        /// A plain lock's release is published even if no waiter marked the hold (this client has
+        /// waiters of its own on the channel, who may have left no mark: see `Node::release`).
+        announce: bool,
     },
     /// A plain lock handed from the hold `from` to a new hold `to` (see `scripts/transfer.lua`).
     Transfer {
@@ -83,14 +86,15 @@ pub(crate) enum Op {
 }
 
 impl Op {
-    /// The release of a hold of `keys`, to `target`.
-    pub(crate) fn release(keys: &LockKeys, owner: &Str, target: i64) -> Op {
+    /// The release of a hold of `keys`, to `target`; `announce` as in [`Op::Release`].
+    pub(crate) fn release(keys: &LockKeys, owner: &Str, target: i64, announce: bool) -> Op {
         Op::Release {
             lock: keys.lock.clone(),
             owner: owner.clone(),
             target,
             channel: keys.channel.clone(),
             kind: keys.kind.clone(),
+            announce,
         }
     }
 }
@@ -425,7 +429,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 // A marking operation's fifth argument: how long its mark lives.
                 let mut mark_lease: Option<Duration> = None;
                 let code = match kind {
-                    Kind::Plain | Kind::Mark(_) | Kind::Waiter(_) => {
+                    Kind::Plain | Kind::Permit | Kind::Mark(_) | Kind::Waiter(_) => {
                         keys.extend([Key::from(lock), Key::from(fence)]);
                         if *in_step {
                             "q"
@@ -475,10 +479,12 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 target,
                 channel,
                 kind,
+                announce,
             } => {
                 keys.push(Key::from(lock));
                 let code = match kind {
-                    Kind::Plain => "r",
+                    Kind::Plain if !announce => "r",
+                    Kind::Plain | Kind::Permit => "p",
                     Kind::Write { rw, .. } => {
                         keys.push(Key::from(&rw.waiting));
                         "o"
@@ -500,7 +506,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                         "z"
                     }
                 };
-                plain &= code == "r";
+                plain &= matches!(code, "r" | "p");
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
@@ -594,6 +600,8 @@ async fn undo_unsynced(
                 target: (*prev).max(0),
                 channel: channel.clone(),
                 kind: kind.clone(),
+                // A waiter may have been refused in between, and marked nothing it could see.
+                announce: true,
             });
             *reply = Err(short.clone());
         }

@@ -39,6 +39,10 @@ pub struct LockInfo {
     /// The fencing counter of the name: the token of its latest fresh acquisition (on this master),
     /// `None` if there is none or it is not a number.
     pub fence: Option<u64>,
+    /// Another owner was refused while the current hold held the lock, and may wait: its release
+    /// will be announced (a refusal marks the hold, see `scripts/acquire.lua`; a release with no
+    /// mark publishes nothing).
+    pub contended: bool,
 }
 
 impl LockInfo {
@@ -414,6 +418,7 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         return Err(malformed("lock read", &Value::Array(parts)));
     };
     let mut holders = Vec::with_capacity(fields.len() / 2);
+    let mut contended = false;
     for pair in fields.chunks(2) {
         let (Some(field), Some(count)) = (
             pair.first().and_then(Value::as_string),
@@ -421,6 +426,11 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         ) else {
             return Ok(Read::Foreign);
         };
+        // A waiter's mark beside its hold (`field~`), not a hold.
+        if field.ends_with('~') {
+            contended = true;
+            continue;
+        }
         match Holder::parse(&field, &count) {
             Some(holder) => holders.push(holder),
             None => return Ok(Read::Foreign),
@@ -435,6 +445,7 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         holders,
         ttl,
         fence,
+        contended,
     }))
 }
 

@@ -18,8 +18,12 @@ pub(crate) struct LockKeys {
 /// (see `scripts/batch.lua`).
 #[derive(Debug, Clone)]
 pub(crate) enum Kind {
-    /// A lock hash: a lock, or a semaphore's holder key.
+    /// A lock's hash. A refused waiter marks its holder, whose release then announces itself
+    /// (see `scripts/acquire.lua`).
     Plain,
+    /// A semaphore's permit holder key: renewed and released as a lock's hash is, and every release
+    /// announced (waiters for permits leave no mark).
+    Permit,
     /// The write lock of a read-write lock (`lock` is its write hash). `mark`: a refusal records
     /// the owner as a waiting writer, for this long (set for a caller that will wait; the record
     /// is then renewed as a hold of `watchdog_timeout`, whatever the acquisition's lease).
@@ -191,7 +195,7 @@ impl LockKeys {
             lock: format!("{}:h:{holder}", sem.index).into(),
             fence: sem.index.clone(),
             channel: sem.channel.clone(),
-            kind: Kind::Plain,
+            kind: Kind::Permit,
         }
     }
 

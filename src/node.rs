@@ -394,7 +394,10 @@ impl Node {
 
     /// Sets the owner's count to `target` (through the node's batcher): see `scripts/release.lua`.
     pub(crate) async fn release(&self, keys: &LockKeys, owner: &Str, target: u32) -> Result<Released, Error> {
-        let op = || Op::release(keys, owner, i64::from(target));
+        // Waiters of this client may wait without a mark (held back while another owner of this
+        // client holds the lock, see `Handoffs::hold_back`): for them, the release is announced.
+        let announce = target == 0 && self.waiters.waited_on(keys.wait_channel());
+        let op = || Op::release(keys, owner, i64::from(target), announce);
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
             [1] => Ok(Released::StillHeld),
@@ -555,9 +558,9 @@ impl Node {
                 [&rw.write, &rw.readers, &rw.waiting].map(Key::from).to_vec(),
                 args,
             ),
-            Kind::Plain | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
+            Kind::Plain | Kind::Permit | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
                 // A fair lock's waiters are woken by name, only the head: here, all of them.
-                let message = if matches!(keys.kind, Kind::Plain) {
+                let message = if matches!(keys.kind, Kind::Plain | Kind::Permit) {
                     "1"
                 } else {
                     "*"
@@ -577,7 +580,7 @@ impl Node {
         let (rw, read) = match &keys.kind {
             Kind::Write { rw, .. } => (rw, false),
             Kind::Read(rw) => (rw, true),
-            Kind::Plain | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
+            Kind::Plain | Kind::Permit | Kind::Mark(_) | Kind::Fair { .. } | Kind::Waiter(_) => {
                 let found: i64 = self.bounded(self.link.cmd.exists(&*keys.lock)).await?;
                 return Ok(found == 1);
             }

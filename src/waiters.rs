@@ -216,6 +216,11 @@ impl Waiters {
             .is_some_and(|entry| entry.sent)
     }
 
+    /// Whether a waiter of this client waits on `channel` (subscribed or on its way to it).
+    pub(crate) fn waited_on(&self, channel: &Str) -> bool {
+        self.shared.channels.lock().contains_key(channel)
+    }
+
     /// Wakes every waiter of every channel (shutdown).
     pub(crate) fn wake_all(&self) {
         wake_all(&self.shared);

@@ -152,7 +152,7 @@ async fn list_and_show_describe_held_locks() {
     );
     assert!(
         json.contains(&format!(
-            "\"fence\":{},\"holders\":[{{\"client_id\":\"{client_id}\"",
+            "\"fence\":{},\"contended\":false,\"holders\":[{{\"client_id\":\"{client_id}\"",
             first.fencing_token()
         )),
         "{json}"

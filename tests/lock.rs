@@ -407,6 +407,69 @@ async fn a_waiter_is_handed_the_lock_promptly_despite_a_long_ttl() {
     assert!(guard.is_held());
 }
 
+/// A release is published only when a refused waiter marked the hold (`field~` beside its field):
+/// an uncontended lock sends no message, a contended one wakes its waiter promptly (with a 30 s
+/// lease), and the mark shows in `inspect` and goes with the hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_published_only_when_a_waiter_marked_the_hold() {
+    let server = RedisServer::start();
+    let holder = LockClient::connect(&server.url()).await.unwrap();
+    let waiter = LockClient::connect(&server.url()).await.unwrap();
+    let name = unique_name("marked");
+    let key = lock_key(&name);
+    for _ in 0..3 {
+        let guard = holder.lock(&name).acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
+    assert_eq!(server.command_calls("publish"), 0, "nobody waited");
+
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    assert!(!holder.inspect(&name).await.unwrap().unwrap().contended);
+    // A refusal marks the hold, once; a reentry keeps the mark.
+    assert!(waiter.lock(&name).try_acquire().await.unwrap().is_none());
+    assert!(waiter.lock(&name).try_acquire().await.unwrap().is_none());
+    let nested = holder.lock(&name).acquire().await.unwrap();
+    drop(nested);
+    let info = holder.inspect(&name).await.unwrap().unwrap();
+    assert!(info.contended, "{info:?}");
+    assert_eq!(info.holders.len(), 1, "{info:?}");
+    let field = info.holders[0].field.clone();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            server.cmd(&["HGET", &key, &field]).as_int() == Some(1)
+        })
+        .await,
+        "the nested guard's release did not land"
+    );
+    assert_eq!(
+        server.cmd(&["HGET", &key, &format!("{field}~")]).as_int(),
+        Some(1)
+    );
+    assert_eq!(server.cmd(&["HLEN", &key]).as_int(), Some(2));
+
+    let lock = waiter.lock(&name);
+    let waiting = tokio::spawn(async move {
+        let guard = lock.acquire().await.unwrap();
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (granted, guard) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter slept through the release")
+        .unwrap();
+    let handoff = granted - released;
+    assert!(handoff < Duration::from_millis(500), "handoff took {handoff:?}");
+    assert_eq!(server.command_calls("publish"), 1);
+    // The mark went with its hold: the new one starts unmarked, and its release sends nothing.
+    let info = waiter.inspect(&name).await.unwrap().unwrap();
+    assert!(!info.contended, "{info:?}");
+    guard.release().await.unwrap();
+    assert_eq!(server.command_calls("publish"), 1);
+    assert_eq!(server.cmd(&["EXISTS", &key]).as_int(), Some(0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquire_leaks_nothing() {
     let server = RedisServer::start();

@@ -428,13 +428,28 @@ async fn an_owner_replaces_its_own_ended_generation_only() {
     }
     next.release().await.unwrap();
 
-    // Another owner's field, even of the same client: refused, and nothing written.
+    // Another owner's field, even of the same client: refused, and nothing written but the
+    // waiter's mark beside it (`field~`: its release will be announced).
     let other_owner = client.lock(&name).owner(Owner::new());
     let held = other_owner.acquire().await.unwrap();
+    let holder = match server.cmd(&["HKEYS", &key]) {
+        Reply::Array(fields) => fields[0].as_str().unwrap().to_string(),
+        other => panic!("{other:?}"),
+    };
     assert!(
         lock.try_acquire().await.unwrap().is_none(),
         "granted over another owner"
     );
-    assert_eq!(server.cmd(&["HLEN", &key]).as_int(), Some(1));
+    assert_eq!(server.cmd(&["HLEN", &key]).as_int(), Some(2));
+    assert_eq!(server.cmd(&["HGET", &key, &holder]).as_int(), Some(1));
+    assert_eq!(
+        server.cmd(&["HGET", &key, &format!("{holder}~")]).as_int(),
+        Some(1)
+    );
     held.release().await.unwrap();
+    assert_eq!(
+        server.cmd(&["EXISTS", &key]).as_int(),
+        Some(0),
+        "the mark outlived its hold"
+    );
 }

@@ -849,13 +849,14 @@ fn table(rows: &[[String; 5]]) -> String {
 fn info_json(info: &LockInfo) -> String {
     let holders: Vec<String> = info.holders.iter().map(holder_json).collect();
     format!(
-        "{{\"name\":{},\"key\":{},\"hold_count\":{},\"ttl_ms\":{},\"fence\":{},\"holders\":[{}]}}",
+        "{{\"name\":{},\"key\":{},\"hold_count\":{},\"ttl_ms\":{},\"fence\":{},\"contended\":{},\"holders\":[{}]}}",
         json_str(&info.name),
         json_str(&info.key),
         info.hold_count(),
         info.ttl
             .map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
         info.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
+        info.contended,
         holders.join(","),
     )
 }
