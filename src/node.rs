@@ -44,8 +44,8 @@ pub(crate) enum Vote {
 pub(crate) enum Released {
     NotHeld,
     StillHeld,
-    /// Released and published: with how many subscribers heard the message, where the script
-    /// tells (a plain lock's release).
+    /// Released: with how many subscribers heard its message, where the script tells (a plain
+    /// lock's release; 0 when none was published, as no waiter had marked the hold).
     Freed {
         heard: Option<u32>,
     },

@@ -470,6 +470,60 @@ async fn a_release_is_published_only_when_a_waiter_marked_the_hold() {
     assert_eq!(server.cmd(&["EXISTS", &key]).as_int(), Some(0));
 }
 
+/// A client with waiters of its own on the lock's channel announces its release even where no mark
+/// says anyone waits (a waiter held back behind another owner of its client makes no attempt, so
+/// leaves none): here the mark is removed behind the waiter's back, and it still wakes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_with_its_own_waiters_announces_its_release_without_a_mark() {
+    let server = RedisServer::start();
+    // No handoff: the release frees the lock, and the waiter must hear of it.
+    let config = LockConfig::default().handoff_limit(0);
+    let client = LockClient::connect_with(&server.url(), config).await.unwrap();
+    let name = unique_name("announce");
+    let key = lock_key(&name);
+    let guard = client.lock(&name).owner(Owner::new()).acquire().await.unwrap();
+    let lock = client.lock(&name).owner(Owner::new());
+    let waiting = tokio::spawn(async move {
+        let guard = lock.acquire().await.unwrap();
+        (Instant::now(), guard)
+    });
+    let field = guard_field(&server, &key);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            server.cmd(&["HEXISTS", &key, &format!("{field}~")]).as_int() == Some(1)
+        })
+        .await,
+        "the waiter's refusal left no mark"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        server.cmd(&["HDEL", &key, &format!("{field}~")]).as_int(),
+        Some(1)
+    );
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (granted, guard) = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter slept through an unannounced release")
+        .unwrap();
+    assert!(granted - released < Duration::from_millis(500));
+    assert_eq!(server.command_calls("publish"), 1);
+    guard.release().await.unwrap();
+}
+
+/// The field of the one hold in the lock hash `key`.
+fn guard_field(server: &RedisServer, key: &str) -> String {
+    match server.cmd(&["HKEYS", key]) {
+        Reply::Array(fields) => fields
+            .iter()
+            .filter_map(Reply::as_str)
+            .find(|f| !f.ends_with('~'))
+            .expect("a hold")
+            .to_string(),
+        other => panic!("{other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancelled_acquire_leaks_nothing() {
     let server = RedisServer::start();
