@@ -5,9 +5,9 @@
 -- lease in ms (ARGV[3i - 2], ARGV[3i - 1], ARGV[3i]).
 --
 -- Every lock is checked before anything is written: one held by another owner refuses the whole
--- set (and only its holder is marked, see acquire.lua), and a reentrant acquisition (count > 1) whose hold is gone refuses it too, naming that lock
--- (its holder must learn it lost the lock). Counts are set, not incremented, as in acquire.lua: a
--- resend leaves the same state.
+-- set (only that holder is marked, see acquire.lua), and a reentrant acquisition (count > 1) whose
+-- hold is gone refuses it too, naming that lock (its holder must learn it lost the lock). Counts
+-- are set, not incremented, as in acquire.lua: a resend leaves the same state.
 -- Returns {1, then per lock: previous count, token} when every lock is granted,
 --         {0, remaining ttl in ms, i} when lock i is held by another owner (the first such),
 --         {-3, i} when lock i was to be re-entered but its hold is gone.

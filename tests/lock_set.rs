@@ -380,3 +380,40 @@ async fn a_waiting_set_wakes_on_the_release_that_refused_it_and_passes_others_on
         .unwrap();
     assert!(set_guard.is_held());
 }
+
+/// A set refused on one server marks the hold that refused it, so that hold's release (from
+/// another client, which has no waiters of its own) announces itself and the set is taken at once,
+/// not when the 30 s lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_set_marks_the_hold_and_its_release_wakes_the_set() {
+    let server = RedisServer::start();
+    let long = LockConfig::default().watchdog_timeout(Duration::from_secs(30));
+    let a = LockClient::connect_with(&server.url(), long.clone())
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&server.url(), long).await.unwrap();
+    let base = unique_name("setmark");
+    let (x, y) = (format!("{base}:x"), format!("{base}:y"));
+    let hold_y = b.lock(&y).acquire().await.unwrap();
+    let set = a.lock_all(&[&x, &y]);
+    let set_wait = tokio::spawn(async move { set.acquire().await.map(|g| (g, Instant::now())) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        b.inspect(&y).await.unwrap().unwrap().contended,
+        "the refusal left no mark"
+    );
+    assert!(
+        b.inspect(&x).await.unwrap().is_none(),
+        "x was taken before y was free"
+    );
+    let released = Instant::now();
+    hold_y.release().await.unwrap();
+    let (guard, at) = tokio::time::timeout(Duration::from_secs(5), set_wait)
+        .await
+        .expect("the set slept through the release")
+        .unwrap()
+        .unwrap();
+    assert!(at - released < Duration::from_millis(1500), "{:?}", at - released);
+    assert!(guard.is_held());
+    assert_eq!(server.command_calls("publish"), 1);
+}
