@@ -340,15 +340,21 @@ async fn on_one_server_a_set_is_taken_by_one_script_call() {
     blocker.release().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_set_wakes_on_the_release_that_refused_it_and_passes_others_on() {
-    let server = RedisServer::start();
-    // Long leases: only release messages can wake the waiters in time.
+/// Two clients whose leases last 30 s: only release messages wake their waiters in a test's time.
+async fn long_lease_clients(server: &RedisServer) -> (LockClient, LockClient) {
     let long = LockConfig::default().watchdog_timeout(Duration::from_secs(30));
     let a = LockClient::connect_with(&server.url(), long.clone())
         .await
         .unwrap();
     let b = LockClient::connect_with(&server.url(), long).await.unwrap();
+    (a, b)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_set_wakes_on_the_release_that_refused_it_and_passes_others_on() {
+    let server = RedisServer::start();
+    // Long leases: only release messages can wake the waiters in time.
+    let (a, b) = long_lease_clients(&server).await;
     let base = unique_name("wake");
     let (x, y) = (format!("{base}:x"), format!("{base}:y"));
     let hold_x = b.lock(&x).acquire().await.unwrap();
@@ -387,11 +393,7 @@ async fn a_waiting_set_wakes_on_the_release_that_refused_it_and_passes_others_on
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_set_marks_the_hold_and_its_release_wakes_the_set() {
     let server = RedisServer::start();
-    let long = LockConfig::default().watchdog_timeout(Duration::from_secs(30));
-    let a = LockClient::connect_with(&server.url(), long.clone())
-        .await
-        .unwrap();
-    let b = LockClient::connect_with(&server.url(), long).await.unwrap();
+    let (a, b) = long_lease_clients(&server).await;
     let base = unique_name("setmark");
     let (x, y) = (format!("{base}:x"), format!("{base}:y"));
     let hold_y = b.lock(&y).acquire().await.unwrap();
