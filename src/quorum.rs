@@ -379,11 +379,6 @@ pub(crate) async fn release_on(
     nodes: &[usize],
 ) -> Release {
     let ask = |i: usize| async move { (i, masters.nodes[i].release(keys, field, target).await) };
-    let outcomes = match nodes {
-        // One node (a `LockClient`'s master): boxed by itself, as in `acquire`.
-        [only] => vec![Box::pin(ask(*only)).await],
-        _ => futures::future::join_all(nodes.iter().map(|&i| ask(i))).await,
-    };
     let mut out = Release {
         held: 0,
         not_held: 0,
@@ -391,31 +386,52 @@ pub(crate) async fn release_on(
         error: None,
         heard: None,
     };
-    for (i, outcome) in outcomes {
-        match outcome {
-            Ok(Released::NotHeld) => out.not_held += 1,
-            Ok(Released::StillHeld) => out.held += 1,
-            Ok(Released::Freed { heard }) => {
-                out.held += 1;
-                if let Some(heard) = heard.filter(|&h| out.heard.is_none_or(|(_, most)| h > most)) {
-                    out.heard = Some((i, heard));
-                }
-            }
-            // A key of another type will not change by waiting: only silence is worth a retry.
-            Err(Error::WrongType(_)) => out.not_held += 1,
-            Err(err) => {
-                out.silent.push(i);
-                out.error = Some(err);
+    match nodes {
+        // One node (a `LockClient`'s master): boxed by itself, as in `acquire`, and no list.
+        [only] => {
+            let (i, outcome) = Box::pin(ask(*only)).await;
+            out.count(i, outcome);
+        }
+        _ => {
+            for (i, outcome) in futures::future::join_all(nodes.iter().map(|&i| ask(i))).await {
+                out.count(i, outcome);
             }
         }
     }
     out
 }
 
+impl Release {
+    /// Counts master `i`'s answer.
+    fn count(&mut self, i: usize, outcome: Result<Released, Error>) {
+        match outcome {
+            Ok(Released::NotHeld) => self.not_held += 1,
+            Ok(Released::StillHeld) => self.held += 1,
+            Ok(Released::Freed { heard }) => {
+                self.held += 1;
+                if let Some(heard) = heard.filter(|&h| self.heard.is_none_or(|(_, most)| h > most)) {
+                    self.heard = Some((i, heard));
+                }
+            }
+            // A key of another type will not change by waiting: only silence is worth a retry.
+            Err(Error::WrongType(_)) => self.not_held += 1,
+            Err(err) => {
+                self.silent.push(i);
+                self.error = Some(err);
+            }
+        }
+    }
+}
+
 /// [`release_on`] every node.
 pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Str, target: u32) -> Release {
-    let all: Vec<usize> = (0..masters.nodes.len()).collect();
-    release_on(masters, keys, field, target, &all).await
+    match masters.nodes.len() {
+        1 => release_on(masters, keys, field, target, &[0]).await,
+        n => {
+            let all: Vec<usize> = (0..n).collect();
+            release_on(masters, keys, field, target, &all).await
+        }
+    }
 }
 
 /// How many of `nodes` masters make a majority.
