@@ -156,7 +156,8 @@ pub(crate) async fn acquire(
     }
     let mut tally = Tally {
         reentry,
-        refused: vec![false; nodes],
+        nodes,
+        refused: 0,
         granted: Vec::new(),
         backing: 0,
         denied: 0,
@@ -192,6 +193,7 @@ pub(crate) async fn acquire(
     }
     let Tally {
         reentry: _,
+        nodes: _,
         refused,
         granted,
         backing,
@@ -226,7 +228,7 @@ pub(crate) async fn acquire(
         .iter()
         .map(|(i, _, _)| masters.nodes[*i].release(keys, field, target - 1));
     futures::future::join_all(undo).await;
-    let decided = granted.len() + refused.iter().filter(|r| **r).count();
+    let decided = granted.len() + refused;
     let stragglers = decided < voters.iter().filter(|v| **v).count();
 
     if reentry && denied > nodes - needed {
@@ -258,8 +260,10 @@ pub(crate) async fn acquire(
 struct Tally {
     /// The round is a re-entry (see [`acquire`]).
     reentry: bool,
-    /// Masters that refused (another owner holds the lock, or a refusal error).
-    refused: Vec<bool>,
+    /// How many masters there are.
+    nodes: usize,
+    /// How many refused (another owner holds the lock, or a refusal error); each answers once.
+    refused: usize,
     /// Masters that granted: index, previous count, token.
     granted: Vec<(usize, u64, u64)>,
     /// Re-entry: grants from masters that had the hold, and masters that said it is not there.
@@ -275,11 +279,11 @@ impl Tally {
     /// Whether the answers so far decide the round: a majority backs it, or so many said otherwise
     /// that no majority can come.
     fn decided(&self, needed: usize) -> bool {
-        let nodes = self.refused.len();
+        let nodes = self.nodes;
         if self.reentry {
             self.backing >= needed || self.denied > nodes - needed
         } else {
-            self.granted.len() >= needed || self.refused.iter().filter(|r| **r).count() > nodes - needed
+            self.granted.len() >= needed || self.refused > nodes - needed
         }
     }
 
@@ -296,7 +300,7 @@ impl Tally {
             }
             Ok(Vote::Busy { ttl: left }) => {
                 self.answered += 1;
-                self.refused[i] = true;
+                self.refused += 1;
                 self.denied += 1;
                 self.ttl = match (self.ttl, left) {
                     (Some(a), Some(b)) => Some(a.min(b)),
@@ -306,7 +310,7 @@ impl Tally {
             Err(err) => {
                 if err.is_refusal() {
                     self.answered += 1;
-                    self.refused[i] = true;
+                    self.refused += 1;
                     self.denied += 1;
                 }
                 tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "acquire request failed");
