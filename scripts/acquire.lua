@@ -41,29 +41,14 @@ local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
       -- starts with the same `owner:` and only the generation differs): a hold lost, or a release
       -- still on its way. Only the latter is ours to replace; it is removed below, once nothing can
       -- refuse.
-      -- A mark (a field ending in `~`, byte 126) belongs to the hold beside it: an ended one's
-      -- goes with it, and is carried to this hold (its waiters still wait).
-      local id = owner_of(owner)
-      local mine = id and (id .. ':')
-      local holder = false
-      local marked = false
-      for _, field in ipairs(redis.call('HKEYS', lock)) do
-        if mine and string.sub(field, 1, #mine) == mine then
-          ended = ended or {}
-          ended[#ended + 1] = field
-          carry = carry or string.byte(field, -1) == 126
-        elseif string.byte(field, -1) == 126 then
-          marked = true
-        else
-          holder = field
-        end
-      end
+      -- A mark belongs to the hold beside it: an ended one's goes with it, and is carried to this
+      -- hold (its waiters still wait).
+      local holder, ended_marked
+      holder, ended, ended_marked = other_fields(lock, owner, marks)
       if holder then
-        if marks and not marked then
-          redis.call('HSET', lock, holder .. '~', '1')
-        end
         return 0, ttl
       end
+      carry = carry or ended_marked
     end
   end
   -- The fence is read (or written) before the lock is, so that a fence of another type fails the

@@ -80,19 +80,15 @@ for _ = 1, tonumber(ARGV[1]) do
       ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
         ARGV[a + 4], publish)
       k = k + 2
-    elseif op == 'h' then
-      ok, reply = pcall(release_fair, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+    elseif op == 'h' or op == 'o' or op == 'm' then
+      -- The releases with two keys: a fair lock's, a write hold's, a waiting writer's mark.
+      local run = (op == 'h' and release_fair) or (op == 'o' and release_write) or rw_unmark
+      ok, reply = pcall(run, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
       k = k + 2
     elseif op == 'z' then
       ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
         ARGV[a + 3], publish)
       k = k + 3
-    elseif op == 'o' then
-      ok, reply = pcall(release_write, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-      k = k + 2
-    elseif op == 'm' then
-      ok, reply = pcall(rw_unmark, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
-      k = k + 2
     elseif op == 'x' then
       -- A read hold's release: its code only (how many heard it is not passed on).
       ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])

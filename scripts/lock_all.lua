@@ -22,24 +22,8 @@ for i = 1, n do
   if held and not redis.call('HGET', lock, owner) then
     -- Another owner's field refuses; an ended generation of this owner does not (acquire replaces
     -- it). The set then waits for that lock's release (see lock_set.rs): its holder is marked, as a
-    -- refusal in acquire.lua marks it (a mark is a field ending in `~`, byte 126).
-    local id = owner_of(owner)
-    local mine = id and (id .. ':')
-    local holder = false
-    local marked = false
-    for _, field in ipairs(redis.call('HKEYS', lock)) do
-      if not mine or string.sub(field, 1, #mine) ~= mine then
-        if string.byte(field, -1) == 126 then
-          marked = true
-        else
-          holder = field
-        end
-      end
-    end
-    if holder then
-      if not marked then
-        redis.call('HSET', lock, holder .. '~', '1')
-      end
+    -- refusal in acquire.lua marks it.
+    if other_fields(lock, owner, true) then
       return {0, redis.call('PTTL', lock), i}
     end
   end

@@ -5,6 +5,35 @@ local function owner_of(field)
   return string.match(field, '^(.*):%d+$')
 end
 
+-- The fields of the lock hash `lock` besides `owner`'s own (see acquire.lua): another owner's
+-- hold (its field, or false), and this owner's ended generations (a list, or false: made only when
+-- there is one) with whether one of them was marked. With `mark`, another owner's hold is marked
+-- for the refused caller, unless its mark stands already. A mark is a field ending in `~` (byte
+-- 126). acquire.lua and lock_all.lua refuse on another owner's hold.
+local function other_fields(lock, owner, mark)
+  local id = owner_of(owner)
+  local mine = id and (id .. ':')
+  local holder = false
+  local marked = false
+  local ended = false
+  local ended_marked = false
+  for _, field in ipairs(redis.call('HKEYS', lock)) do
+    if mine and string.sub(field, 1, #mine) == mine then
+      ended = ended or {}
+      ended[#ended + 1] = field
+      ended_marked = ended_marked or string.byte(field, -1) == 126
+    elseif string.byte(field, -1) == 126 then
+      marked = true
+    else
+      holder = field
+    end
+  end
+  if holder and mark and not marked then
+    redis.call('HSET', lock, holder .. '~', '1')
+  end
+  return holder, ended, ended_marked
+end
+
 -- Whether `key` is absent or of type `kind`.
 local function absent_or(key, kind)
   local found = redis.call('TYPE', key)['ok']
