@@ -395,8 +395,10 @@ impl Node {
     /// Sets the owner's count to `target` (through the node's batcher): see `scripts/release.lua`.
     pub(crate) async fn release(&self, keys: &LockKeys, owner: &Str, target: u32) -> Result<Released, Error> {
         // Waiters of this client may wait without a mark (held back while another owner of this
-        // client holds the lock, see `Handoffs::hold_back`): for them, the release is announced.
-        let announce = target == 0 && self.waiters.waited_on(keys.wait_channel());
+        // client holds the lock, see `Handoffs::hold_back`): for them, a plain lock's release is
+        // announced (the other kinds' always are).
+        let announce =
+            target == 0 && matches!(keys.kind, Kind::Plain) && self.waiters.waited_on(keys.wait_channel());
         let op = || Op::release(keys, owner, i64::from(target), announce);
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
