@@ -487,7 +487,7 @@ async fn a_client_with_its_own_waiters_announces_its_release_without_a_mark() {
     let guard = client.lock(&name).owner(Owner::new()).acquire().await.unwrap();
     let lock = client.lock(&name).owner(Owner::new());
     let waiting = wait_for(lock);
-    let field = guard_field(&server, &key);
+    let field = server.hold_field(&key);
     assert!(
         eventually(Duration::from_secs(5), || {
             server.cmd(&["HEXISTS", &key, &format!("{field}~")]).as_int() == Some(1)
@@ -506,19 +506,6 @@ async fn a_client_with_its_own_waiters_announces_its_release_without_a_mark() {
     assert!(granted - released < Duration::from_millis(500));
     assert_eq!(server.command_calls("publish"), 1);
     guard.release().await.unwrap();
-}
-
-/// The field of the one hold in the lock hash `key`.
-fn guard_field(server: &RedisServer, key: &str) -> String {
-    match server.cmd(&["HKEYS", key]) {
-        Reply::Array(fields) => fields
-            .iter()
-            .filter_map(Reply::as_str)
-            .find(|f| !f.ends_with('~'))
-            .expect("a hold")
-            .to_string(),
-        other => panic!("{other:?}"),
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -288,10 +288,7 @@ async fn a_late_renewal_never_extends_a_later_hold() {
     let key = lock_key(&name);
     let lock = client.lock(&name);
     let first = lock.acquire().await.unwrap();
-    let old_field = match server.cmd(&["HKEYS", &key]) {
-        Reply::Array(fields) => fields[0].as_str().unwrap().to_string(),
-        other => panic!("{other:?}"),
-    };
+    let old_field = server.hold_field(&key);
     first.release().await.unwrap();
     let second = lock
         .clone()
@@ -406,10 +403,7 @@ async fn an_owner_replaces_its_own_ended_generation_only() {
     let owner = Owner::new();
     let lock = client.lock(&name).owner(owner.clone());
     let first = lock.acquire().await.unwrap();
-    let ended = match server.cmd(&["HKEYS", &key]) {
-        Reply::Array(fields) => fields[0].as_str().unwrap().to_string(),
-        other => panic!("{other:?}"),
-    };
+    let ended = server.hold_field(&key);
     first.release().await.unwrap();
     // The first generation's field, as if its release had not landed yet.
     server.cmd(&["HSET", &key, &ended, "1"]);
@@ -432,10 +426,7 @@ async fn an_owner_replaces_its_own_ended_generation_only() {
     // waiter's mark beside it (`field~`: its release will be announced).
     let other_owner = client.lock(&name).owner(Owner::new());
     let held = other_owner.acquire().await.unwrap();
-    let holder = match server.cmd(&["HKEYS", &key]) {
-        Reply::Array(fields) => fields[0].as_str().unwrap().to_string(),
-        other => panic!("{other:?}"),
-    };
+    let holder = server.hold_field(&key);
     assert!(
         lock.try_acquire().await.unwrap().is_none(),
         "granted over another owner"

@@ -175,6 +175,20 @@ impl RedisServer {
         self.cmd(&["EXISTS", key]).as_int() == Some(1)
     }
 
+    /// The field of the hold in the lock hash `key` (the first one; a waiter's mark, `field~`, is
+    /// no hold).
+    pub fn hold_field(&self, key: &str) -> String {
+        match self.cmd(&["HKEYS", key]) {
+            Reply::Array(fields) => fields
+                .iter()
+                .filter_map(Reply::as_str)
+                .find(|f| !f.ends_with('~'))
+                .expect("a hold")
+                .to_string(),
+            other => panic!("HKEYS {key}: {other:?}"),
+        }
+    }
+
     pub fn keys(&self, pattern: &str) -> Vec<String> {
         match self.cmd(&["KEYS", pattern]) {
             Reply::Array(items) => items
