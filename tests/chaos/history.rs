@@ -332,6 +332,10 @@ pub struct Report {
     /// (b) holders whose token was not above that of every holder that ended before they began:
     /// must be zero (tokens strictly increase across successive holders).
     pub token_regressions: u64,
+    /// (b) the same for holders whose section began in a window after a fault outside the
+    /// guarantees: a grant made before a restart that lost the lock, its reply read after others
+    /// had drawn larger tokens from the restarted server (the fenced store still rejects it).
+    pub token_regressions_unprotected: u64,
     /// (c) sales beyond the stock that left the store.
     pub oversell: u64,
     /// (c) accepted writes that overwrote another section's accepted write.
@@ -398,7 +402,7 @@ impl Report {
             f,
             "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
              (a) valid overlaps {} (+{} after faults outside the guarantees); \
-             (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {}; \
+             (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {} (+{} after faults outside the guarantees); \
              (c) oversell {}, lost updates {}; \
              (d) holder crashes {}, regranted late {}, worst {} ms; ",
             self.acquisitions,
@@ -412,6 +416,7 @@ impl Report {
             self.expired_overlaps,
             self.stale_accepted,
             self.token_regressions,
+            self.token_regressions_unprotected,
             self.oversell,
             self.lost_updates,
             self.crashes,
@@ -427,7 +432,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     let locks: Vec<Event> = events.iter().filter(|e| e.on == On::Lock).cloned().collect();
     let sections = sections(&locks, harness, &mut report);
     check_overlaps(&sections, harness, &mut report);
-    check_tokens(&sections, &mut report);
+    check_tokens(&sections, harness, &mut report);
     check_store(&sections, harness, &mut report);
     check_liveness(&locks, harness, &mut report);
     crate::family::check(events, harness, &mut report);
@@ -584,8 +589,9 @@ fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) 
 }
 
 /// Tokens of successive holders of an item strictly increase: each section's token is above the
-/// token of every section of the item that had ended before it began.
-fn check_tokens(sections: &[Section], report: &mut Report) {
+/// token of every section of the item that had ended before it began. A section that began after a
+/// fault outside the guarantees is counted apart, as its overlaps are.
+fn check_tokens(sections: &[Section], harness: &Harness, report: &mut Report) {
     let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
     for s in sections {
         by_item.entry(s.item).or_default().push(s);
@@ -602,7 +608,9 @@ fn check_tokens(sections: &[Section], report: &mut Report) {
                 ended.pop();
                 highest_ended = highest_ended.max(token);
             }
-            if s.token <= highest_ended {
+            if s.token <= highest_ended && harness.unprotected_at(s.start) {
+                report.token_regressions_unprotected += 1;
+            } else if s.token <= highest_ended {
                 report.token_regressions += 1;
                 report.example(format!(
                     "item {item}: worker {} got token {} after a holder with token {highest_ended} had ended",
@@ -925,6 +933,21 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
         },
     );
     assert_eq!(report.token_regressions, 1, "{report}");
+    // The same regression by a section that began after a fault outside the guarantees (a grant
+    // whose reply was read after a restart that lost the lock) is counted apart.
+    let report = check(
+        &repeated,
+        &Harness {
+            end: 5 * ms,
+            unprotected: vec![(ms, 4 * ms)],
+            ..Harness::default()
+        },
+    );
+    assert_eq!(
+        (report.token_regressions, report.token_regressions_unprotected),
+        (0, 1),
+        "{report}"
+    );
 
     // A holder whose library reported the lease gone (validity 0) before its promised end is no
     // longer valid: a successor after that is an expired overlap, not a valid one.
