@@ -542,14 +542,9 @@ async fn answer(
     mut batch: Vec<(Op, Reply)>,
     result: Result<crate::link::Reply<Vec<Value>>, fred::error::Error>,
 ) {
-    let result = result.map(|reply| (split(reply.value, batch.len()), reply.acked));
+    let result = result.map(|reply| (split(&reply.value, &batch), reply.acked));
     match result {
-        Ok((Ok(values), acked)) => {
-            let mut replies: Vec<Result<Vec<i64>, Error>> = batch
-                .iter()
-                .zip(values)
-                .map(|((op, _), items)| decode(op, items))
-                .collect();
+        Ok((Ok(mut replies), acked)) => {
             if let Err(short) = link.check_acked(acked) {
                 // Boxed: only synced writes come here, and a script call held inline would make
                 // every batched operation's future as large as fred's request (about 7 KB).
@@ -619,33 +614,34 @@ async fn undo_unsynced(
     }
 }
 
-/// The batch script's flat reply cut into one list per operation: each operation's items follow
-/// their number (see `scripts/batch.lua`).
-fn split(flat: Vec<Value>, ops: usize) -> Result<Vec<Vec<Value>>, Error> {
-    let malformed = || protocol_error(format!("batch of {ops} got a malformed reply"));
-    let mut items = flat.into_iter();
-    let mut replies = Vec::with_capacity(ops);
-    for _ in 0..ops {
-        let count = items
-            .next()
-            .and_then(|count| count.as_i64())
+/// The batch script's flat reply cut into each operation's reply, decoded as it is cut: each
+/// operation's items follow their number (see `scripts/batch.lua`).
+fn split(flat: &[Value], batch: &[(Op, Reply)]) -> Result<Vec<Result<Vec<i64>, Error>>, Error> {
+    let malformed = || protocol_error(format!("batch of {} got a malformed reply", batch.len()));
+    let mut rest = flat;
+    let mut replies = Vec::with_capacity(batch.len());
+    for (op, _) in batch {
+        let (count, after) = rest.split_first().ok_or_else(malformed)?;
+        let count = count
+            .as_i64()
+            .and_then(|count| usize::try_from(count).ok())
             .ok_or_else(malformed)?;
-        let count = usize::try_from(count).map_err(|_| malformed())?;
-        let reply: Vec<Value> = items.by_ref().take(count).collect();
-        if reply.len() != count {
+        if after.len() < count {
             return Err(malformed());
         }
-        replies.push(reply);
+        let (items, after) = after.split_at(count);
+        replies.push(decode(op, items));
+        rest = after;
     }
-    if items.next().is_some() {
+    if !rest.is_empty() {
         return Err(malformed());
     }
     Ok(replies)
 }
 
 /// One operation's reply: a list of integers, or `{-1, message}` for an error of that operation.
-fn decode(op: &Op, items: Vec<Value>) -> Result<Vec<i64>, Error> {
-    if let (Some(Value::Integer(-1)), Some(message)) = (items.first(), items.get(1)) {
+fn decode(op: &Op, items: &[Value]) -> Result<Vec<i64>, Error> {
+    if let [Value::Integer(-1), message, ..] = items {
         let message = message.as_string().unwrap_or_default();
         let lock = op.lock();
         if message.contains("WRONGTYPE") {
@@ -659,7 +655,7 @@ fn decode(op: &Op, items: Vec<Value>) -> Result<Vec<i64>, Error> {
         )));
     }
     items
-        .into_iter()
+        .iter()
         .map(|item| {
             item.as_i64()
                 .ok_or_else(|| protocol_error(format!("non-integer reply {item:?}")))
@@ -669,4 +665,46 @@ fn decode(op: &Op, items: Vec<Value>) -> Result<Vec<i64>, Error> {
 
 fn protocol_error(message: String) -> Error {
     Error::Redis(fred::error::Error::new(fred::error::ErrorKind::Parse, message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn release(lock: &'static str) -> (Op, Reply) {
+        let op = Op::Release {
+            lock: lock.into(),
+            owner: "o".into(),
+            target: 0,
+            channel: "c".into(),
+            kind: Kind::Plain,
+            announce: false,
+        };
+        (op, oneshot::channel().0)
+    }
+
+    fn ints(values: &[i64]) -> Vec<Value> {
+        values.iter().map(|v| Value::Integer(*v)).collect()
+    }
+
+    #[test]
+    fn a_flat_reply_is_cut_at_each_operations_count() {
+        let batch = [release("a"), release("b"), release("c")];
+        let mut flat = ints(&[1, 2, 2, 2, 1]);
+        flat.extend([Value::Integer(2), Value::Integer(-1)]);
+        flat.push("WRONGTYPE Operation against a key".into());
+        let replies = split(&flat, &batch).expect("well formed");
+        assert_eq!(replies[0].as_deref().ok(), Some(&[2][..]));
+        assert_eq!(replies[1].as_deref().ok(), Some(&[2, 1][..]));
+        assert!(matches!(&replies[2], Err(Error::WrongType(lock)) if lock == "c"));
+
+        // Short, too long, a count that is no number: malformed, whatever the operations.
+        for flat in [
+            ints(&[1, 2, 2, 2]),
+            ints(&[1, 2, 1, 0, 1, 0, 7]),
+            vec!["x".into()],
+        ] {
+            assert!(split(&flat, &batch).is_err(), "{flat:?}");
+        }
+    }
 }
