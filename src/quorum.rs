@@ -85,29 +85,64 @@ impl Masters {
     /// Which masters may vote now: not in restart quarantine (`quarantine`: how long a restarted
     /// master sits out, if that rule is on), and not the same server as an earlier one (one server
     /// under two names would be two votes).
-    pub(crate) fn voters(&self, quarantine: Option<Duration>) -> Vec<bool> {
+    pub(crate) fn voters(&self, quarantine: Option<Duration>) -> Voters {
+        let mut voters = Voters {
+            few: [false; Voters::FEW],
+            many: Vec::new(),
+            len: self.nodes.len(),
+        };
         if let [node] = &self.nodes[..] {
             // One server cannot repeat another: no run_id to compare on every acquisition.
-            return vec![quarantine.is_none_or(|q| node.may_vote(q))];
+            voters.few[0] = quarantine.is_none_or(|q| node.may_vote(q));
+            return voters;
         }
         let mut seen: Vec<Str> = Vec::new();
-        self.nodes
-            .iter()
-            .map(|node| {
-                if quarantine.is_some_and(|q| !node.may_vote(q)) {
-                    return false;
-                }
-                let Some(run_id) = node.run_id() else {
-                    return false; // not reached yet: it may be another master under another name
-                };
-                if seen.contains(&run_id) {
-                    tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
-                    return false;
-                }
-                seen.push(run_id);
-                true
-            })
-            .collect()
+        let flags = self.nodes.iter().map(|node| {
+            if quarantine.is_some_and(|q| !node.may_vote(q)) {
+                return false;
+            }
+            let Some(run_id) = node.run_id() else {
+                return false; // not reached yet: it may be another master under another name
+            };
+            if seen.contains(&run_id) {
+                tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
+                return false;
+            }
+            seen.push(run_id);
+            true
+        });
+        if voters.len <= Voters::FEW {
+            for (slot, flag) in voters.few.iter_mut().zip(flags) {
+                *slot = flag;
+            }
+        } else {
+            voters.many = flags.collect();
+        }
+        voters
+    }
+}
+
+/// One flag per master, in order: whether it may vote now (see [`Masters::voters`]). Every
+/// acquisition asks, so up to [`Voters::FEW`] masters are answered without an allocation.
+pub(crate) struct Voters {
+    few: [bool; Voters::FEW],
+    many: Vec<bool>,
+    len: usize,
+}
+
+impl Voters {
+    const FEW: usize = 8;
+}
+
+impl std::ops::Deref for Voters {
+    type Target = [bool];
+
+    fn deref(&self) -> &[bool] {
+        if self.len <= Voters::FEW {
+            &self.few[..self.len]
+        } else {
+            &self.many
+        }
     }
 }
 
