@@ -86,62 +86,71 @@ impl Masters {
     /// master sits out, if that rule is on), and not the same server as an earlier one (one server
     /// under two names would be two votes).
     pub(crate) fn voters(&self, quarantine: Option<Duration>) -> Voters {
-        let mut voters = Voters {
-            few: [false; Voters::FEW],
-            many: Vec::new(),
-            len: self.nodes.len(),
-        };
+        let mut voters = Voters::default();
         if let [node] = &self.nodes[..] {
             // One server cannot repeat another: no run_id to compare on every acquisition.
-            voters.few[0] = quarantine.is_none_or(|q| node.may_vote(q));
+            voters.push(quarantine.is_none_or(|q| node.may_vote(q)));
             return voters;
         }
         let mut seen: Vec<Str> = Vec::new();
-        let flags = self.nodes.iter().map(|node| {
-            if quarantine.is_some_and(|q| !node.may_vote(q)) {
-                return false;
-            }
-            let Some(run_id) = node.run_id() else {
-                return false; // not reached yet: it may be another master under another name
-            };
-            if seen.contains(&run_id) {
-                tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
-                return false;
-            }
-            seen.push(run_id);
-            true
-        });
-        if voters.len <= Voters::FEW {
-            for (slot, flag) in voters.few.iter_mut().zip(flags) {
-                *slot = flag;
-            }
-        } else {
-            voters.many = flags.collect();
+        for node in &self.nodes {
+            let votes = quarantine.is_none_or(|q| node.may_vote(q))
+                && match node.run_id() {
+                    // Not reached yet: it may be another master under another name.
+                    None => false,
+                    Some(run_id) if seen.contains(&run_id) => {
+                        tracing::error!(node = %node.server, "this master is another listed one under another name: it does not vote");
+                        false
+                    }
+                    Some(run_id) => {
+                        seen.push(run_id);
+                        true
+                    }
+                };
+            voters.push(votes);
         }
         voters
     }
 }
 
-/// One flag per master, in order: whether it may vote now (see [`Masters::voters`]). Every
-/// acquisition asks, so up to [`Voters::FEW`] masters are answered without an allocation.
-pub(crate) struct Voters {
-    few: [bool; Voters::FEW],
-    many: Vec<bool>,
+/// One flag per master, in order: whether it may vote now (see [`Masters::voters`]).
+pub(crate) type Voters = Few<bool>;
+
+/// A short list kept inline up to [`Few::INLINE`] items, in a `Vec` beyond: what every acquisition
+/// makes once per master (who votes, who granted) costs no allocation for a usual number of them.
+#[derive(Default)]
+pub(crate) struct Few<T> {
+    inline: [T; Few::<()>::INLINE],
+    more: Vec<T>,
     len: usize,
 }
 
-impl Voters {
-    const FEW: usize = 8;
+impl Few<()> {
+    const INLINE: usize = 8;
 }
 
-impl std::ops::Deref for Voters {
-    type Target = [bool];
-
-    fn deref(&self) -> &[bool] {
-        if self.len <= Voters::FEW {
-            &self.few[..self.len]
+impl<T: Copy + Default> Few<T> {
+    fn push(&mut self, item: T) {
+        if self.len < Few::<()>::INLINE {
+            self.inline[self.len] = item;
         } else {
-            &self.many
+            if self.len == Few::<()>::INLINE {
+                self.more.extend_from_slice(&self.inline);
+            }
+            self.more.push(item);
+        }
+        self.len += 1;
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        if self.len <= Few::<()>::INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.more
         }
     }
 }
@@ -193,7 +202,7 @@ pub(crate) async fn acquire(
         reentry,
         nodes,
         refused: 0,
-        granted: Vec::new(),
+        granted: Few::default(),
         backing: 0,
         denied: 0,
         answered: 0,
@@ -300,7 +309,7 @@ struct Tally {
     /// How many refused (another owner holds the lock, or a refusal error); each answers once.
     refused: usize,
     /// Masters that granted: index, previous count, token.
-    granted: Vec<(usize, u64, u64)>,
+    granted: Few<(usize, u64, u64)>,
     /// Re-entry: grants from masters that had the hold, and masters that said it is not there.
     backing: usize,
     denied: usize,
@@ -484,4 +493,19 @@ pub(crate) fn jitter(base: Duration) -> Duration {
     let bits = uuid::Uuid::new_v4().as_u128() as u64 & ((1 << 62) - 1);
     let random = bits as f64 / (1u64 << 62) as f64;
     base / 2 + base.mul_f64(random)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Few;
+
+    #[test]
+    fn a_few_keeps_every_item_in_order_inline_and_beyond() {
+        let mut few = Few::<u32>::default();
+        assert!(few.is_empty());
+        for n in 0..20 {
+            few.push(n);
+            assert_eq!(&*few, (0..=n).collect::<Vec<_>>());
+        }
+    }
 }
