@@ -30,6 +30,7 @@ use fred::types::{Key, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use crate::few::Few;
 use crate::keys::{Kind, LockKeys};
 use crate::link::NodeClient;
 use crate::scripts::{scripts, Script};
@@ -99,7 +100,10 @@ impl Op {
     }
 }
 
-type Reply = oneshot::Sender<Result<Vec<i64>, Error>>;
+/// An operation's reply: a few integers (see `scripts/batch.lua`), kept inline.
+pub(crate) type Ints = Few<i64>;
+
+type Reply = oneshot::Sender<Result<Ints, Error>>;
 
 /// A round on its way: one call per slot, bounded, its slot given back when it ends or is dropped.
 type Sending = Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -233,7 +237,7 @@ impl Batcher {
     /// when the future is first polled: so the future does not carry the operation across its
     /// awaits (an async fn keeps its arguments for its whole life, and every batched operation's
     /// future, boxed once per acquisition and release, would be that much larger).
-    pub(crate) fn run(&self, op: Op) -> impl Future<Output = Result<Vec<i64>, Error>> + Send + '_ {
+    pub(crate) fn run(&self, op: Op) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
         let shared = &self.shared;
         let (reply, rx) = oneshot::channel();
         let role = {
@@ -572,7 +576,7 @@ async fn answer(
 async fn undo_unsynced(
     link: &NodeClient,
     batch: &[(Op, Reply)],
-    replies: &mut [Result<Vec<i64>, Error>],
+    replies: &mut [Result<Ints, Error>],
     short: Error,
 ) {
     let mut undos = Vec::new();
@@ -616,7 +620,7 @@ async fn undo_unsynced(
 
 /// The batch script's flat reply cut into each operation's reply, decoded as it is cut: each
 /// operation's items follow their number (see `scripts/batch.lua`).
-fn split(flat: &[Value], batch: &[(Op, Reply)]) -> Result<Vec<Result<Vec<i64>, Error>>, Error> {
+fn split(flat: &[Value], batch: &[(Op, Reply)]) -> Result<Vec<Result<Ints, Error>>, Error> {
     let malformed = || protocol_error(format!("batch of {} got a malformed reply", batch.len()));
     let mut rest = flat;
     let mut replies = Vec::with_capacity(batch.len());
@@ -640,7 +644,7 @@ fn split(flat: &[Value], batch: &[(Op, Reply)]) -> Result<Vec<Result<Vec<i64>, E
 }
 
 /// One operation's reply: a list of integers, or `{-1, message}` for an error of that operation.
-fn decode(op: &Op, items: &[Value]) -> Result<Vec<i64>, Error> {
+fn decode(op: &Op, items: &[Value]) -> Result<Ints, Error> {
     if let [Value::Integer(-1), message, ..] = items {
         let message = message.as_string().unwrap_or_default();
         let lock = op.lock();

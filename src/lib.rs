@@ -78,6 +78,7 @@ mod config;
 mod core;
 mod deadline;
 mod error;
+mod few;
 mod guard;
 mod handoff;
 mod hold;

@@ -14,7 +14,7 @@ use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
-use crate::batch::{Batcher, Op};
+use crate::batch::{Batcher, Ints, Op};
 use crate::deadline::Deadlines;
 use crate::keys::{Kind, LockKeys, SemaphoreKeys};
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
@@ -446,7 +446,7 @@ impl Node {
     /// owner by then) is made again, as a new operation queued behind whatever was queued
     /// meanwhile, while the caller still waits for it (so it never lands after the caller's next
     /// operation on the same hold). Within the same bound as the first try.
-    async fn run_batched(&self, op: impl Fn() -> Op) -> Result<Vec<i64>, Error> {
+    async fn run_batched(&self, op: impl Fn() -> Op) -> Result<Ints, Error> {
         let run = async {
             let mut pause = RetryPause::new();
             loop {

@@ -20,6 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
+
+use crate::few::Few;
 use tokio::time::Instant;
 
 use crate::config::QuorumConfig;
@@ -115,45 +117,6 @@ impl Masters {
 
 /// One flag per master, in order: whether it may vote now (see [`Masters::voters`]).
 pub(crate) type Voters = Few<bool>;
-
-/// A short list kept inline up to [`Few::INLINE`] items, in a `Vec` beyond: what every acquisition
-/// makes once per master (who votes, who granted) costs no allocation for a usual number of them.
-#[derive(Default)]
-pub(crate) struct Few<T> {
-    inline: [T; Few::<()>::INLINE],
-    more: Vec<T>,
-    len: usize,
-}
-
-impl Few<()> {
-    const INLINE: usize = 8;
-}
-
-impl<T: Copy + Default> Few<T> {
-    fn push(&mut self, item: T) {
-        if self.len < Few::<()>::INLINE {
-            self.inline[self.len] = item;
-        } else {
-            if self.len == Few::<()>::INLINE {
-                self.more.extend_from_slice(&self.inline);
-            }
-            self.more.push(item);
-        }
-        self.len += 1;
-    }
-}
-
-impl<T> std::ops::Deref for Few<T> {
-    type Target = [T];
-
-    fn deref(&self) -> &[T] {
-        if self.len <= Few::<()>::INLINE {
-            &self.inline[..self.len]
-        } else {
-            &self.more
-        }
-    }
-}
 
 /// The outcome of one acquisition round.
 pub(crate) enum Round {
@@ -493,19 +456,4 @@ pub(crate) fn jitter(base: Duration) -> Duration {
     let bits = uuid::Uuid::new_v4().as_u128() as u64 & ((1 << 62) - 1);
     let random = bits as f64 / (1u64 << 62) as f64;
     base / 2 + base.mul_f64(random)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Few;
-
-    #[test]
-    fn a_few_keeps_every_item_in_order_inline_and_beyond() {
-        let mut few = Few::<u32>::default();
-        assert!(few.is_empty());
-        for n in 0..20 {
-            few.push(n);
-            assert_eq!(&*few, (0..=n).collect::<Vec<_>>());
-        }
-    }
 }

@@ -1,0 +1,82 @@
+//! A short list that is kept inline while it is short, for the lists every operation makes: who
+//! votes and who granted in a quorum round (one item per master), and an operation's reply (a few
+//! integers). Each would otherwise cost an allocation per acquisition or release.
+
+/// A short list kept inline up to [`Few::INLINE`] items, in a `Vec` beyond: what every acquisition
+/// makes once per master (who votes, who granted) costs no allocation for a usual number of them.
+#[derive(Default)]
+pub(crate) struct Few<T> {
+    inline: [T; Few::<()>::INLINE],
+    more: Vec<T>,
+    len: usize,
+}
+
+impl Few<()> {
+    const INLINE: usize = 8;
+}
+
+impl<T: Copy + Default> Few<T> {
+    pub(crate) fn push(&mut self, item: T) {
+        if self.len < Few::<()>::INLINE {
+            self.inline[self.len] = item;
+        } else {
+            if self.len == Few::<()>::INLINE {
+                self.more.extend_from_slice(&self.inline);
+            }
+            self.more.push(item);
+        }
+        self.len += 1;
+    }
+}
+
+impl<T> Few<T> {
+    /// The items, in order.
+    pub(crate) fn as_slice(&self) -> &[T] {
+        self
+    }
+}
+
+impl<T> std::ops::Deref for Few<T> {
+    type Target = [T];
+
+    fn deref(&self) -> &[T] {
+        if self.len <= Few::<()>::INLINE {
+            &self.inline[..self.len]
+        } else {
+            &self.more
+        }
+    }
+}
+
+impl<T: Copy + Default> FromIterator<T> for Few<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(items: I) -> Few<T> {
+        let mut few = Few::default();
+        for item in items {
+            few.push(item);
+        }
+        few
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Few<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Few;
+
+    #[test]
+    fn a_few_keeps_every_item_in_order_inline_and_beyond() {
+        let mut few = Few::<u32>::default();
+        assert!(few.is_empty());
+        for n in 0..20 {
+            few.push(n);
+            assert_eq!(&*few, (0..=n).collect::<Vec<_>>());
+        }
+        let collected: Few<u32> = (0..3).collect();
+        assert_eq!(&*collected, [0, 1, 2]);
+    }
+}
