@@ -285,7 +285,7 @@ impl Core {
         Ask {
             target: 1,
             gen,
-            field: crate::owner::formatted(format_args!("{owner}:{gen}")),
+            field: crate::keys::formatted(format_args!("{owner}:{gen}")),
             lease,
         }
     }

@@ -100,24 +100,7 @@ impl Owner {
 
 /// `client` (its simple form), `:` and `rest`.
 fn client_id(client: &Uuid, rest: std::fmt::Arguments<'_>) -> Str {
-    formatted(format_args!("{}:{rest}", client.simple()))
-}
-
-/// `text` as a `Str`, in one allocation of its exact size where it fits a stack buffer: a
-/// `format!` grows its string a few times and leaves spare capacity, which makes `Str` allocate
-/// once more. Every acquisition formats its owner id and its hold's field.
-pub(crate) fn formatted(text: std::fmt::Arguments<'_>) -> Str {
-    use std::io::Write;
-    const ROOM: usize = 96;
-    let mut buf = [0u8; ROOM];
-    let mut free = &mut buf[..];
-    if free.write_fmt(text).is_ok() {
-        let len = ROOM - free.len();
-        if let Ok(text) = std::str::from_utf8(&buf[..len]) {
-            return Str::from(text);
-        }
-    }
-    std::fmt::format(text).into()
+    crate::keys::formatted(format_args!("{}:{rest}", client.simple()))
 }
 
 #[cfg(test)]
