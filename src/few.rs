@@ -2,25 +2,23 @@
 //! votes and who granted in a quorum round (one item per master), and an operation's reply (a few
 //! integers). Each would otherwise cost an allocation per acquisition or release.
 
-/// A short list kept inline up to [`Few::INLINE`] items, in a `Vec` beyond: what every acquisition
-/// makes once per master (who votes, who granted) costs no allocation for a usual number of them.
+/// How many items a [`Few`] keeps inline.
+const INLINE: usize = 8;
+
+/// A short list kept inline up to [`INLINE`] items, in a `Vec` beyond (all of them then).
 #[derive(Default)]
 pub(crate) struct Few<T> {
-    inline: [T; Few::<()>::INLINE],
+    inline: [T; INLINE],
     more: Vec<T>,
     len: usize,
 }
 
-impl Few<()> {
-    const INLINE: usize = 8;
-}
-
 impl<T: Copy + Default> Few<T> {
     pub(crate) fn push(&mut self, item: T) {
-        if self.len < Few::<()>::INLINE {
+        if self.len < INLINE {
             self.inline[self.len] = item;
         } else {
-            if self.len == Few::<()>::INLINE {
+            if self.len == INLINE {
                 self.more.extend_from_slice(&self.inline);
             }
             self.more.push(item);
@@ -40,7 +38,7 @@ impl<T> std::ops::Deref for Few<T> {
     type Target = [T];
 
     fn deref(&self) -> &[T] {
-        if self.len <= Few::<()>::INLINE {
+        if self.len <= INLINE {
             &self.inline[..self.len]
         } else {
             &self.more

@@ -20,11 +20,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-
-use crate::few::Few;
 use tokio::time::Instant;
 
 use crate::config::QuorumConfig;
+use crate::few::Few;
 use crate::keys::LockKeys;
 use crate::node::{Node, Released, Vote};
 use crate::Error;
