@@ -56,12 +56,6 @@ impl<T: Copy + Default> FromIterator<T> for Few<T> {
     }
 }
 
-impl<T: std::fmt::Debug> std::fmt::Debug for Few<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::Few;
