@@ -435,13 +435,8 @@ impl Release {
 
 /// [`release_on`] every node.
 pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Str, target: u32) -> Release {
-    match masters.nodes.len() {
-        1 => release_on(masters, keys, field, target, &[0]).await,
-        n => {
-            let all: Vec<usize> = (0..n).collect();
-            release_on(masters, keys, field, target, &all).await
-        }
-    }
+    let all: Few<usize> = (0..masters.nodes.len()).collect();
+    release_on(masters, keys, field, target, &all).await
 }
 
 /// How many of `nodes` masters make a majority.
