@@ -336,6 +336,9 @@ pub struct Report {
     /// guarantees: a grant made before a restart that lost the lock, its reply read after others
     /// had drawn larger tokens from the restarted server (the fenced store still rejects it).
     pub token_regressions_unprotected: u64,
+    /// (b) the same for sections whose lease had run out before they began (their grant recorded
+    /// late: see `check_tokens`).
+    pub token_regressions_expired: u64,
     /// (c) sales beyond the stock that left the store.
     pub oversell: u64,
     /// (c) accepted writes that overwrote another section's accepted write.
@@ -402,7 +405,7 @@ impl Report {
             f,
             "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
              (a) valid overlaps {} (+{} after faults outside the guarantees); \
-             (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {} (+{} after faults outside the guarantees); \
+             (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {} (+{} after faults outside the guarantees, +{} by holders expired when they began); \
              (c) oversell {}, lost updates {}; \
              (d) holder crashes {}, regranted late {}, worst {} ms; ",
             self.acquisitions,
@@ -417,6 +420,7 @@ impl Report {
             self.stale_accepted,
             self.token_regressions,
             self.token_regressions_unprotected,
+            self.token_regressions_expired,
             self.oversell,
             self.lost_updates,
             self.crashes,
@@ -590,7 +594,9 @@ fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) 
 
 /// Tokens of successive holders of an item strictly increase: each section's token is above the
 /// token of every section of the item that had ended before it began. A section that began after a
-/// fault outside the guarantees is counted apart, as its overlaps are.
+/// fault outside the guarantees is counted apart, as its overlaps are. A section whose lease had
+/// run out when it began is no holder, as in the overlap check: its worker recorded the grant late
+/// (a process stopped between the grant and its record), and the fenced store rejects what it does.
 fn check_tokens(sections: &[Section], harness: &Harness, report: &mut Report) {
     let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
     for s in sections {
@@ -608,7 +614,9 @@ fn check_tokens(sections: &[Section], harness: &Harness, report: &mut Report) {
                 ended.pop();
                 highest_ended = highest_ended.max(token);
             }
-            if s.token <= highest_ended && harness.unprotected_at(s.start) {
+            if s.token <= highest_ended && s.valid_end <= s.start {
+                report.token_regressions_expired += 1;
+            } else if s.token <= highest_ended && harness.unprotected_at(s.start) {
                 report.token_regressions_unprotected += 1;
             } else if s.token <= highest_ended {
                 report.token_regressions += 1;
@@ -945,6 +953,29 @@ fn the_checker_finds_an_overlap_a_stale_write_and_a_lost_update() {
     );
     assert_eq!(
         (report.token_regressions, report.token_regressions_unprotected),
+        (0, 1),
+        "{report}"
+    );
+    // And by a section whose lease had run out when it began (its worker stopped between the grant
+    // and its record): no holder, counted apart too.
+    let mut late = repeated.clone();
+    late[2] = ev(
+        2,
+        2 * ms,
+        Kind::Grant {
+            token: 7,
+            valid_ns: 0,
+        },
+    );
+    let report = check(
+        &late,
+        &Harness {
+            end: 5 * ms,
+            ..Harness::default()
+        },
+    );
+    assert_eq!(
+        (report.token_regressions, report.token_regressions_expired),
         (0, 1),
         "{report}"
     );
