@@ -290,18 +290,29 @@ impl Nemesis {
                 let Some(redis) = cluster.redis_cluster.as_ref() else {
                     return false;
                 };
-                tokio::task::block_in_place(|| {
+                let moved = tokio::task::block_in_place(|| {
+                    // Onto a primary the settled cluster agrees on: one that a pause just failed
+                    // over may still answer ROLE as a primary for a moment before it turns replica.
+                    redis.wait_until(Duration::from_secs(30), "settled before a reshard", |c| {
+                        c.settled()
+                    });
                     let from = redis.primary_of_slot(slot).port();
                     let others: Vec<u16> = redis
-                        .primaries()
+                        .primaries_with_slots()
                         .iter()
                         .map(|p| p.port())
                         .filter(|p| *p != from)
                         .collect();
-                    let to = others[pick % others.len()];
+                    let Some(&to) = others.get(pick % others.len().max(1)) else {
+                        return false;
+                    };
                     let to = redis.nodes.iter().find(|n| n.port() == to).expect("primary");
                     redis.move_slot(slot, to);
+                    true
                 });
+                if !moved {
+                    return false;
+                }
             }
             Fault::Failover => {
                 let old = cluster.primary;

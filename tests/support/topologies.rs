@@ -164,6 +164,21 @@ impl RedisCluster {
             .collect()
     }
 
+    /// The live primaries that own slots in the cluster's slot map (as the first live node sees
+    /// it). A primary without slots is a failed-over one that woke up and is about to turn
+    /// replica: a slot moved to it would fail (`SETSLOT` only runs on primaries).
+    pub fn primaries_with_slots(&self) -> Vec<&RedisServer> {
+        let map = self
+            .live()
+            .next()
+            .map(|n| self.slot_map_of(n))
+            .unwrap_or_default();
+        self.primaries()
+            .into_iter()
+            .filter(|p| map.iter().any(|&(_, _, port)| port == i64::from(p.port())))
+            .collect()
+    }
+
     /// The replicas of `primary`.
     pub fn replicas_of(&self, primary: &RedisServer) -> Vec<&RedisServer> {
         let id = node_id(primary);
