@@ -2,8 +2,9 @@
 -- while its previous call was in flight. prelude.lua and the files of the functions it runs are
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
 -- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua,
--- transfer.lua. A second script, for plain locks only (operations 'a', 'q', 'r', 'p', 't'), prepends only
--- prelude.lua, acquire.lua, release.lua and transfer.lua (`BATCH_PLAIN` in `scripts.rs`): every call
+-- transfer.lua, transfer_granted.lua. A second script, for plain locks only (operations 'a', 'q',
+-- 'r', 'p', 't', 'u'), prepends only prelude.lua, acquire.lua, release.lua, transfer.lua and
+-- transfer_granted.lua (`BATCH_PLAIN` in `scripts.rs`): every call
 -- defines its functions anew, and most calls need no others. The client sends any other operation
 -- to the full script only.
 --
@@ -33,6 +34,9 @@
 --   't', from, to, lease ms, channel
 --                                  with KEYS lock, fence: a lock handed from one hold to another
 --                                  (transfer.lua)
+--   'u', from, to, lease ms, token
+--                                  with KEYS lock, fence: a handoff the client granted already,
+--                                  with that token (transfer_granted.lua)
 -- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
 -- is acquire's or release's ({code} for a release; {2, subscribers that heard it} for a plain
 -- lock's that published), or {-1, message} when that operation failed
@@ -62,6 +66,10 @@ for _ = 1, tonumber(ARGV[1]) do
   elseif op == 'r' or op == 'p' then
     ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false, op == 'r')
     k = k + 1
+  elseif op == 'u' then
+    ok, reply, second = pcall(transfer_granted, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    k = k + 2
+    five = true
   else
     five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'
     if op == 'w' or op == 'W' or op == 'v' or op == 'V' then

@@ -75,7 +75,9 @@ pub(crate) enum Op {
         /// waiters of its own on the channel, who may have left no mark: see `Node::release`).
         announce: bool,
     },
-    /// A plain lock handed from the hold `from` to a new hold `to` (see `scripts/transfer.lua`).
+    /// A plain lock handed from the hold `from` to a new hold `to`: with a token drawn by the call
+    /// (`scripts/transfer.lua`), or with the token the client granted it already
+    /// (`scripts/transfer_granted.lua`).
     Transfer {
         lock: Str,
         fence: Str,
@@ -83,6 +85,7 @@ pub(crate) enum Op {
         from: Str,
         to: Str,
         lease_ms: i64,
+        granted: Option<u64>,
     },
 }
 
@@ -525,14 +528,20 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 from,
                 to,
                 lease_ms,
+                granted,
             } => {
                 keys.extend([Key::from(lock), Key::from(fence)]);
+                let (op, last) = match granted {
+                    // The token as digits: the script compares it with the fence as a string.
+                    Some(token) => ("u", Value::from(token.to_string())),
+                    None => ("t", Value::from(channel.clone())),
+                };
                 args.extend([
-                    Value::from_static_str("t"),
+                    Value::from_static_str(op),
                     Value::from(from.clone()),
                     Value::from(to.clone()),
                     Value::from(*lease_ms),
-                    Value::from(channel.clone()),
+                    last,
                 ]);
             }
         }

@@ -324,9 +324,40 @@ impl Core {
         Some(Grant::of(hold, &st))
     }
 
-    /// Queues background work; false if the releaser is gone (its runtime shut down).
+    /// Queues background work; false if the releaser is gone (its runtime shut down). An undo
+    /// counts from here, not from when the releaser starts it: a lock with one pending is not
+    /// handed over early (see [`Core::early_grant`]).
     pub(crate) fn enqueue(self: &Arc<Self>, job: Job) -> bool {
-        self.jobs.send((self.clone(), job)).is_ok()
+        let undo = match &job {
+            Job::Resync { resync, .. } => Some((resync.keys.clone(), resync.field.clone())),
+            Job::Release { .. } => None,
+        };
+        if let Some((keys, field)) = &undo {
+            self.track_undo(keys, field, 1);
+        }
+        let sent = self.jobs.send((self.clone(), job)).is_ok();
+        if let (false, Some((keys, field))) = (sent, &undo) {
+            self.track_undo(keys, field, -1);
+        }
+        sent
+    }
+
+    /// Counts an undo of hold `field` of `keys` queued or in flight, so that shutdown can finish it
+    /// (`+1`), or forgets it (`-1`).
+    pub(crate) fn track_undo(&self, keys: &Arc<LockKeys>, field: &Str, delta: isize) {
+        let mut undos = self.undos.lock();
+        let key = (keys.lock.clone(), field.clone());
+        let entry = undos.entry(key.clone()).or_insert_with(|| (keys.clone(), 0));
+        entry.1 = entry.1.saturating_add_signed(delta);
+        if entry.1 == 0 {
+            undos.remove(&key);
+        }
+    }
+
+    /// Whether an undo of any hold of lock `lock` is queued or in flight here: what an operation
+    /// of unknown outcome left in Redis may differ from what the holds say.
+    pub(crate) fn undo_pending(&self, lock: &str) -> bool {
+        self.undos.lock().keys().any(|(key, _)| &**key == lock)
     }
 
     /// Gives back a grant no guard was made of (a handoff's waiter that left, a set given back

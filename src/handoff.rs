@@ -1,8 +1,19 @@
 //! Local handoff: a plain lock that one owner of a client releases while another owner of the same
-//! client waits for it goes straight to that waiter, in one script call (`scripts/transfer.lua`):
-//! the releasing hold goes and the waiter's starts, with a new fencing token, in the same step. The
-//! lock is never free in between, so nothing is published: the waiter skips the release message
-//! and its own attempt (a round trip), and the other clients' waiters are not woken to be refused.
+//! client waits for it goes straight to that waiter, in one script call: the releasing hold goes
+//! and the waiter's starts, with a new fencing token, in the same step. The lock is never free in
+//! between, so nothing is published: the waiter skips the release message and its own attempt (a
+//! round trip), and the other clients' waiters are not woken to be refused.
+//!
+//! The waiter does not wait for that call either, when it can be given the lock safely before
+//! Redis answers ([`Core::early_grant`]): its token is the releasing hold's plus one and its lease
+//! the releasing hold's, which Redis keeps holding until the call lands. The call
+//! (`scripts/transfer_granted.lua`) moves the hold, raises the fence to that token (so later
+//! acquisitions draw above it) and sets the waiter's own lease; its answer extends the waiter's
+//! lease, or ends the grant as lost when the lock was gone meanwhile. Otherwise the call draws the
+//! token (`scripts/transfer.lua`) and the waiter is granted when it answers. Not early, so that Redis
+//! surely holds the releasing hold's field: a hold retired meanwhile, one whose lease ends within a
+//! call's bound, or a lock with an undo of this client on its way (an attempt of the same owner whose
+//! outcome is unknown may have replaced that field).
 //!
 //! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
 //! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
@@ -24,6 +35,7 @@ use tokio::time::Instant;
 use crate::core::{Core, UndoOnDrop};
 use crate::hold::{Grant, Hold, Job, LeaseMode};
 use crate::keys::{Kind, LockKeys};
+use crate::quorum;
 use crate::Error;
 
 /// How many round trips of the release that ended a streak this client's attempts hold back (see
@@ -326,13 +338,16 @@ impl Core {
     /// lock to `taker` (see the module doc and [`taker`](Core::taker)); returns the release's
     /// outcome. Called with the hold's `ops` lock held.
     ///
-    /// If the call's outcome
-    /// is unknown, both holds are brought in line in the background, and the waiter tries itself.
+    /// When this hold's lease outlasts the call ([`early_grant`](Core::early_grant)), the waiter
+    /// is granted the lock before the call, with the next token and this hold's lease end, and the
+    /// call records that in Redis (`scripts/transfer_granted.lua`): its answer extends the waiter's
+    /// lease, or ends the grant as lost. Otherwise the call draws the token and the waiter is
+    /// granted once it answers. If the call's outcome is unknown, both holds are brought in line
+    /// in the background, and the waiter tries itself (or, granted already, loses the lock).
     ///
     /// # Cancel safety
     ///
-    /// Dropping it mid-call leaves the outcome unknown: both holds are brought in line in the
-    /// background, and the waiter tries itself.
+    /// Dropping it mid-call leaves the outcome unknown: handled as above.
     pub(crate) async fn hand_over(
         self: &Arc<Self>,
         hold: &Arc<Hold>,
@@ -346,8 +361,10 @@ impl Core {
             hold: to,
             ops: to_ops,
         } = taker;
-        let ask = self.ask(&to, &candidate.owner, candidate.mode);
+        let mode = candidate.mode;
+        let ask = self.ask(&to, &candidate.owner, mode);
         let start = Instant::now();
+        let lease_end = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
         let mut undo_from = UndoOnDrop {
             core: self,
             resync: Some(hold.resync(field, gen)),
@@ -356,14 +373,38 @@ impl Core {
             core: self,
             resync: Some(to.resync(&ask.field, ask.gen)),
         };
+        // Declared after the undos, so dropped before them: a pending grant is ended first, and
+        // its hold's undo then removes what may have reached Redis of it.
+        let mut pending = None;
+        let mut granted = None;
+        let mut candidate = Some(candidate);
+        if let Some((token, until)) = self.early_grant(hold, gen, start) {
+            if let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode) {
+                {
+                    let mut st = to.state.lock();
+                    st.pending = true;
+                    st.confirmed = None;
+                }
+                pending = Some(Pending {
+                    hold: &to,
+                    gen: ask.gen,
+                    settled: false,
+                });
+                granted = Some(token);
+                if let Some(candidate) = candidate.take() {
+                    self.deliver(hold, &to, candidate, grant);
+                }
+            }
+        }
         let handed = self.masters.nodes[0]
-            .transfer(keys, field, &ask.field, ask.lease)
+            .transfer(keys, field, &ask.field, ask.lease, granted)
             .await;
         let handed = match handed {
             Ok(handed) => handed,
             Err(err) => {
-                // Unknown: both are brought in line once the server answers (the undos), and the
-                // waiter tries itself (its sender dropped).
+                // Unknown: both are brought in line once the server answers (the undos); the
+                // waiter tries itself (its sender dropped), or loses its early grant.
+                drop(pending);
                 self.holds.retire_if_idle(&to);
                 return Err(err);
             }
@@ -376,38 +417,140 @@ impl Core {
                 st.confirmed = handed.released.then_some(0);
             }
         }
-        if let Some(token) = handed.token {
-            let deadline = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
-            let grant = self.record_grant(&to, &ask, token, deadline, candidate.mode);
-            // The waiter's hold stays taken until the grant reached the waiter or was given back:
-            // a waiter that left (woken otherwise) and tries itself must not find the grant's
-            // count and re-enter a hold that is about to be given back.
-            match grant {
-                Some(grant) => {
-                    self.handoffs.handed(&keys.lock, &to, ask.gen);
-                    self.wake_watchdog_for(deadline);
-                    tracing::debug!(lock = %keys.name, from = %hold.owner, to = %candidate.owner, token, "lock handed over");
-                    if let Err(grant) = candidate.grant.send(grant) {
-                        // The waiter left meanwhile.
-                        self.give_back(grant);
-                    }
-                }
-                None => {
-                    // Shut down meanwhile: the new hold is removed in the background.
-                    self.enqueue(Job::Resync {
-                        resync: to.resync(&ask.field, ask.gen),
-                        on: vec![0],
-                    });
-                }
+        if let Some(mut pending) = pending {
+            pending.settle(handed.token.is_some(), lease_end);
+            if handed.token.is_some() {
+                return Ok(());
             }
-            drop(to_ops);
-        } else {
+            // Not handed: the waiter lost its grant, and this hold is released as usual (and
+            // announced), if it was still there.
             self.holds.retire_if_idle(&to);
+            drop(to_ops);
+            return self.release_after_failed_handoff(hold, gen, field).await;
+        }
+        match handed
+            .token
+            .map(|token| self.record_grant(&to, &ask, token, lease_end, mode))
+        {
+            Some(Some(grant)) => {
+                // The waiter's hold stays taken until the grant reached the waiter or was given
+                // back: a waiter that left (woken otherwise) and tries itself must not find the
+                // grant's count and re-enter a hold that is about to be given back.
+                if let Some(candidate) = candidate.take() {
+                    self.deliver(hold, &to, candidate, grant);
+                }
+                drop(to_ops);
+            }
+            Some(None) => {
+                // Shut down meanwhile: the new hold is removed in the background.
+                self.enqueue(Job::Resync {
+                    resync: to.resync(&ask.field, ask.gen),
+                    on: vec![0],
+                });
+                drop(to_ops);
+            }
+            None => self.holds.retire_if_idle(&to),
         }
         if handed.released {
             Ok(())
         } else {
             Err(Error::NotHeld)
         }
+    }
+
+    /// The token and lease end that a waiter may be handed the lock with before Redis records it:
+    /// the next token after generation `gen` of `hold`, and that generation's own lease end, if it
+    /// is still the hold's, not lost, and safe for longer than a call to the node may take (its
+    /// answer then comes, or its bound runs out, while the waiter's lease still stands). Redis
+    /// holds the lock for one hold or the other throughout, for as long as the waiter's lease.
+    fn early_grant(&self, hold: &Hold, gen: u64, now: Instant) -> Option<(u64, Instant)> {
+        let st = hold.state.lock();
+        let bound = self.masters.nodes[0].link.bound();
+        let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && !st.pending && st.token > 0;
+        // An undo on its way may concern an attempt of this owner that replaced this generation in
+        // Redis (see acquire.lua), which only the call would find out.
+        (usable && st.deadline > now + bound && !self.undo_pending(&hold.keys.lock))
+            .then(|| (st.token.saturating_add(1), st.deadline))
+    }
+
+    /// Hands `grant` (of hold `to`) to the waiter `candidate`, or gives it back if the waiter left.
+    fn deliver(self: &Arc<Self>, from: &Hold, to: &Arc<Hold>, candidate: Candidate, grant: Grant) {
+        let keys = &from.keys;
+        self.handoffs.handed(&keys.lock, to, grant.gen);
+        self.wake_watchdog_for(to.state.lock().deadline);
+        tracing::debug!(lock = %keys.name, from = %from.owner, to = %candidate.owner, token = grant.token, "lock handed over");
+        if let Err(grant) = candidate.grant.send(grant) {
+            // The waiter left meanwhile.
+            self.give_back(grant);
+        }
+    }
+
+    /// Releases generation `gen` (field `field`) of `hold` as a release without a waiter would,
+    /// after a handoff that Redis refused: the releasing hold is still there if the fence had moved
+    /// past its token, and its waiters must hear of its release.
+    async fn release_after_failed_handoff(
+        self: &Arc<Self>,
+        hold: &Arc<Hold>,
+        gen: u64,
+        field: &Str,
+    ) -> Result<(), Error> {
+        let outcome = quorum::release(&self.masters, &hold.keys, field, 0).await;
+        self.handoffs.freed(&hold.keys.lock, Duration::ZERO, None);
+        if !outcome.silent.is_empty() {
+            self.enqueue(Job::Resync {
+                resync: hold.resync(field, gen),
+                on: outcome.silent.clone(),
+            });
+        }
+        match outcome.outcome(&self.masters) {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(Error::NotHeld),
+            Err(err) => Err(err),
+        }
+    }
+}
+
+/// A grant handed to a waiter before Redis recorded it (see [`Core::hand_over`]). Dropped unsettled
+/// (the call failed or was cancelled), the grant ends as lost.
+struct Pending<'a> {
+    hold: &'a Arc<Hold>,
+    gen: u64,
+    settled: bool,
+}
+
+impl Pending<'_> {
+    /// Redis recorded the grant (`granted`: its lease now runs to `deadline`) or refused it.
+    fn settle(&mut self, granted: bool, deadline: Instant) {
+        self.settled = true;
+        {
+            let mut st = self.hold.state.lock();
+            if st.gen != self.gen {
+                return;
+            }
+            st.pending = false;
+            st.confirmed = Some(u32::from(granted));
+            if granted {
+                st.deadline = st.deadline.max(deadline);
+                return;
+            }
+        }
+        self.hold
+            .mark_lost(self.gen, "the lock was no longer held when it was handed over");
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        {
+            let mut st = self.hold.state.lock();
+            if st.gen != self.gen {
+                return;
+            }
+            st.pending = false;
+        }
+        self.hold.mark_lost(self.gen, "the handoff's outcome is unknown");
     }
 }

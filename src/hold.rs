@@ -53,6 +53,9 @@ pub(crate) struct HoldState {
     /// operations; `None` when unknown. A release whose target Redis already has is not sent: a
     /// guard's background release that ran after a later level went too has released both.
     pub(crate) confirmed: Option<u32>,
+    /// Granted by a handoff that Redis has not recorded yet (see `handoff.rs`): the handoff's call
+    /// confirms it (and extends its deadline) or ends it, and the watchdog leaves it alone until then.
+    pub(crate) pending: bool,
 }
 
 impl HoldState {
@@ -108,6 +111,7 @@ impl Hold {
         st.field = field;
         st.count = 1;
         st.confirmed = Some(1);
+        st.pending = false;
         st.since = Instant::now();
         st.lost = watch::channel(false).0;
         if self.counted {
@@ -260,6 +264,7 @@ impl Holds {
                         field: owner.clone(),
                         since: Instant::now(),
                         confirmed: None,
+                        pending: false,
                     }),
                     label: telemetry::label(&keys.name, self.names_in_metrics),
                     counted: !matches!(keys.kind, Kind::Mark(_) | Kind::Waiter(_)),

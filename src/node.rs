@@ -412,13 +412,15 @@ impl Node {
     }
 
     /// Hands a plain lock from the hold `from` to a new hold `to` with `lease` (through the node's
-    /// batcher): see `scripts/transfer.lua`.
+    /// batcher): with a token drawn by the call (`scripts/transfer.lua`), or with the token
+    /// `granted` that the client gave `to` already (`scripts/transfer_granted.lua`).
     pub(crate) async fn transfer(
         &self,
         keys: &LockKeys,
         from: &Str,
         to: &Str,
         lease: Duration,
+        granted: Option<u64>,
     ) -> Result<Handed, Error> {
         let op = || Op::Transfer {
             lock: keys.lock.clone(),
@@ -427,17 +429,22 @@ impl Node {
             from: from.clone(),
             to: to.clone(),
             lease_ms: lease.as_millis().min(i64::MAX as u128) as i64,
+            granted,
         };
-        match self.run_batched(op).await?.as_slice() {
-            [released @ (0 | 1), 1, _, token] => Ok(Handed {
+        match (granted, self.run_batched(op).await?.as_slice()) {
+            (Some(token), [released @ (0 | 1), handed @ (0 | 1)]) => Ok(Handed {
+                released: *released == 1,
+                token: (*handed == 1).then_some(token),
+            }),
+            (None, [released @ (0 | 1), 1, _, token]) => Ok(Handed {
                 released: *released == 1,
                 token: Some(*token.max(&0) as u64),
             }),
-            [released @ (0 | 1), 0, _] => Ok(Handed {
+            (None, [released @ (0 | 1), 0, _]) => Ok(Handed {
                 released: *released == 1,
                 token: None,
             }),
-            other => Err(unexpected("transfer", other)),
+            (_, other) => Err(unexpected("transfer", other)),
         }
     }
 

@@ -209,19 +209,6 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
         .silent
 }
 
-/// Counts an undo in flight, so that shutdown can finish it (`+1`) or forgets it (`-1`).
-fn track_undo(core: &Core, resync: &Resync, delta: isize) {
-    let mut undos = core.undos.lock();
-    let key = (resync.keys.lock.clone(), resync.field.clone());
-    let entry = undos
-        .entry(key.clone())
-        .or_insert_with(|| (resync.keys.clone(), 0));
-    entry.1 = entry.1.saturating_add_signed(delta);
-    if entry.1 == 0 {
-        undos.remove(&key);
-    }
-}
-
 /// Brings the masters in `pending` in line with the local count of a hold generation after an
 /// operation whose outcome is unknown (a grant whose reply was lost, a release that failed).
 /// Masters that do not answer are tried again, with backoff, until whatever the operation may have
@@ -230,7 +217,6 @@ fn track_undo(core: &Core, resync: &Resync, delta: isize) {
 async fn resync_until_answered(core: Weak<Core>, resync: Resync, mut pending: Vec<usize>) {
     let Some(strong) = core.upgrade() else { return };
     let give_up = Instant::now() + strong.longest_lease();
-    track_undo(&strong, &resync, 1);
     drop(strong);
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -244,7 +230,7 @@ async fn resync_until_answered(core: Weak<Core>, resync: Resync, mut pending: Ve
             if !done {
                 tracing::warn!(lock = %resync.keys.name, silent = pending.len(), "could not undo an interrupted acquisition or release; its lease will run out");
             }
-            track_undo(&core, &resync, -1);
+            core.track_undo(&resync.keys, &resync.field, -1);
             return;
         }
         tracing::debug!(lock = %resync.keys.name, silent = pending.len(), ?backoff, "undo not answered; retrying");

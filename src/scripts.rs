@@ -120,10 +120,11 @@ pub(crate) const BATCH: &str = concat!(
     include_str!("../scripts/fair_release.lua"),
     include_str!("../scripts/fair_leave.lua"),
     include_str!("../scripts/transfer.lua"),
+    include_str!("../scripts/transfer_granted.lua"),
     include_str!("../scripts/batch.lua")
 );
 
-/// The batch script for plain locks only (operations `a`, `q`, `r`, `t`): the same loop with only
+/// The batch script for plain locks only (operations `a`, `q`, `r`, `p`, `t`, `u`): the same loop with only
 /// the functions those run. Every call of a script defines all its functions anew, so leaving out
 /// the read-write and fair locks' saves the server about half a microsecond per call (the common
 /// calls are plain).
@@ -132,6 +133,7 @@ pub(crate) const BATCH_PLAIN: &str = concat!(
     include_str!("../scripts/acquire.lua"),
     include_str!("../scripts/release.lua"),
     include_str!("../scripts/transfer.lua"),
+    include_str!("../scripts/transfer_granted.lua"),
     include_str!("../scripts/batch.lua")
 );
 

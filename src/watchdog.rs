@@ -92,7 +92,8 @@ async fn renew_round(core: Arc<Core>) {
         .into_iter()
         .filter_map(|hold| {
             let st = hold.state.lock();
-            if !st.active() {
+            // A handoff's call on its way confirms a pending hold, or ends it.
+            if !st.active() || st.pending {
                 return None;
             }
             let renewal = Renewal {

@@ -257,3 +257,112 @@ async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
     third.release().await.unwrap();
     here.shutdown().await;
 }
+
+/// The waiter is handed the lock as the release starts, with the next token, before Redis answers
+/// (here: while the server is paused); the release's call then moves the hold in Redis, raises the
+/// fence past that token and gives the waiter its own lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_handed_the_lock_before_redis_answers() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-early");
+    let here = client(&server, config(8)).await;
+    let there = client(&server, config(8)).await;
+    let key = lock_key(&name);
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let first_field = server.hold_field(&key);
+    let token = first.fencing_token();
+
+    server.pause();
+    let release = tokio::spawn(first.release());
+    let second = tokio::time::timeout(Duration::from_millis(800), waiter).await;
+    server.resume();
+    let second = second
+        .expect("handed over while the server answers nothing")
+        .unwrap();
+    assert_eq!(
+        second.fencing_token(),
+        token + 1,
+        "the next token after the releasing hold's"
+    );
+    release
+        .await
+        .unwrap()
+        .expect("the release is confirmed once the server answers");
+
+    let second_field = server.hold_field(&key);
+    assert_ne!(second_field, first_field, "the hold moved in Redis");
+    assert_eq!(
+        server.cmd(&["GET", &format!("{key}:fence")]).as_str(),
+        Some((token + 1).to_string().as_str()),
+        "the fence is at the handed token"
+    );
+    let ttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    assert!(ttl > 25_000, "the waiter's own lease, set by the call: {ttl} ms");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), second.lost())
+            .await
+            .is_err(),
+        "the handed hold stands once Redis recorded it"
+    );
+
+    let lock = there.lock(&name);
+    let other = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    second.release().await.unwrap();
+    let other = tokio::time::timeout(Duration::from_secs(2), other)
+        .await
+        .expect("the other client gets the lock")
+        .unwrap();
+    assert!(
+        other.fencing_token() > token + 1,
+        "later tokens draw above the handed one"
+    );
+    other.release().await.unwrap();
+    here.shutdown().await;
+    there.shutdown().await;
+}
+
+/// A hold whose lock was taken behind its back (removed, then acquired by another client) hands
+/// its waiter a grant that the release's call refuses: the waiter is told at once that it lost the
+/// lock, the release reports the lock not held, and the other client's hold is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-taken");
+    let here = client(&server, config(8)).await;
+    let there = client(&server, config(8)).await;
+    let key = lock_key(&name);
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    server.cmd(&["DEL", &key]);
+    let other = there.lock(&name).acquire().await.unwrap();
+    let other_field = server.hold_field(&key);
+    assert!(other.fencing_token() > first.fencing_token());
+
+    assert!(matches!(first.release().await, Err(relock::Error::NotHeld)));
+    let second = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter was handed a grant")
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(1), second.lost())
+        .await
+        .expect("told at once, not at the next renewal");
+    assert!(second.fencing_token() < other.fencing_token(), "fenced out");
+    assert_eq!(
+        server.hold_field(&key),
+        other_field,
+        "the other client still holds it"
+    );
+    drop(second);
+    other.release().await.unwrap();
+    here.shutdown().await;
+    there.shutdown().await;
+}

@@ -449,6 +449,7 @@ pub const BATCH_PLAIN_SCRIPT: &str = concat!(
     include_str!("../../scripts/acquire.lua"),
     include_str!("../../scripts/release.lua"),
     include_str!("../../scripts/transfer.lua"),
+    include_str!("../../scripts/transfer_granted.lua"),
     include_str!("../../scripts/batch.lua")
 );
 
