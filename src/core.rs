@@ -229,7 +229,7 @@ impl Core {
                 }
                 Round::Granted { token, deadline } => (token, deadline),
             };
-            let Some(grant) = self.record_grant(&hold, &ask, token, deadline, mode) else {
+            let Some(grant) = self.record_grant(&hold, &ask, token, deadline, mode, false) else {
                 if reentry {
                     continue;
                 }
@@ -293,7 +293,8 @@ impl Core {
     /// Records in `hold` what Redis granted to `ask` (with `token`, safe until `deadline`) and
     /// returns the grant; `None` if a reentered hold was lost while the round ran (its cleanup
     /// takes this level too), or the client was shut down meanwhile (the caller gives a fresh grant
-    /// back). Decided under the hold's lock.
+    /// back). Decided under the hold's lock. `pending`: a fresh grant that Redis has not recorded
+    /// yet (see `handoff.rs`), marked so in the same step, so that no watchdog round renews it.
     pub(crate) fn record_grant(
         &self,
         hold: &Arc<Hold>,
@@ -301,6 +302,7 @@ impl Core {
         token: u64,
         deadline: Instant,
         mode: LeaseMode,
+        pending: bool,
     ) -> Option<Grant> {
         let mut st = hold.state.lock();
         if ask.target > 1 {
@@ -317,6 +319,10 @@ impl Core {
             return None;
         }
         hold.start(&mut st, ask.gen, ask.field.clone());
+        if pending {
+            st.pending = true;
+            st.confirmed = None;
+        }
         st.token = token;
         st.lease = ask.lease;
         st.watchdog = mode == LeaseMode::Watchdog;

@@ -379,12 +379,7 @@ impl Core {
         let mut granted = None;
         let mut candidate = Some(candidate);
         if let Some((token, until)) = self.early_grant(hold, gen, start) {
-            if let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode) {
-                {
-                    let mut st = to.state.lock();
-                    st.pending = true;
-                    st.confirmed = None;
-                }
+            if let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) {
                 pending = Some(Pending {
                     hold: &to,
                     gen: ask.gen,
@@ -418,7 +413,13 @@ impl Core {
             }
         }
         if let Some(mut pending) = pending {
-            pending.settle(handed.token.is_some(), lease_end);
+            if pending.settle(handed.token.is_some(), lease_end) {
+                // Lost meanwhile (its lease ran out first): what Redis recorded of it goes.
+                self.enqueue(Job::Resync {
+                    resync: to.resync(&ask.field, ask.gen),
+                    on: vec![0],
+                });
+            }
             if handed.token.is_some() {
                 return Ok(());
             }
@@ -430,7 +431,7 @@ impl Core {
         }
         match handed
             .token
-            .map(|token| self.record_grant(&to, &ask, token, lease_end, mode))
+            .map(|token| self.record_grant(&to, &ask, token, lease_end, mode, false))
         {
             Some(Some(grant)) => {
                 // The waiter's hold stays taken until the grant reached the waiter or was given
@@ -460,8 +461,8 @@ impl Core {
 
     /// The token and lease end that a waiter may be handed the lock with before Redis records it:
     /// the next token after generation `gen` of `hold`, and that generation's own lease end, if it
-    /// is still the hold's, not lost, and safe for longer than a call to the node may take (its
-    /// answer then comes, or its bound runs out, while the waiter's lease still stands). Redis
+    /// is still the hold's, not lost, and safe for twice as long as a call to the node may take
+    /// (its answer then comes, or its bound runs out, well before the waiter's lease ends). Redis
     /// holds the lock for one hold or the other throughout, for as long as the waiter's lease.
     fn early_grant(&self, hold: &Hold, gen: u64, now: Instant) -> Option<(u64, Instant)> {
         let st = hold.state.lock();
@@ -469,7 +470,7 @@ impl Core {
         let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && !st.pending && st.token > 0;
         // An undo on its way may concern an attempt of this owner that replaced this generation in
         // Redis (see acquire.lua), which only the call would find out.
-        (usable && st.deadline > now + bound && !self.undo_pending(&hold.keys.lock))
+        (usable && st.deadline > now + 2 * bound && !self.undo_pending(&hold.keys.lock))
             .then(|| (st.token.saturating_add(1), st.deadline))
     }
 
@@ -519,38 +520,52 @@ struct Pending<'a> {
 }
 
 impl Pending<'_> {
-    /// Redis recorded the grant (`granted`: its lease now runs to `deadline`) or refused it.
-    fn settle(&mut self, granted: bool, deadline: Instant) {
+    /// Redis recorded the grant (`granted`: its lease now runs to `deadline`) or refused it. True
+    /// if Redis recorded a grant that ended meanwhile (its lease ran out first), which must go.
+    fn settle(&mut self, granted: bool, deadline: Instant) -> bool {
         self.settled = true;
-        {
+        if !granted {
+            self.end("the lock was no longer held when it was handed over", true);
+            return false;
+        }
+        let mut st = self.hold.state.lock();
+        if st.gen != self.gen {
+            return false;
+        }
+        st.pending = false;
+        st.confirmed = Some(1);
+        st.deadline = st.deadline.max(deadline);
+        let lost = *st.lost.borrow();
+        lost
+    }
+
+    /// Ends the grant as lost, even if its guard went already: its release then reports the lock
+    /// not held (its section may have run while another client held the lock). `refused`: Redis
+    /// answered that it did not record the grant (else its outcome is unknown, and the undo of the
+    /// waiter's hold removes whatever landed).
+    fn end(&self, reason: &str, refused: bool) {
+        let count = {
             let mut st = self.hold.state.lock();
             if st.gen != self.gen {
                 return;
             }
             st.pending = false;
-            st.confirmed = Some(u32::from(granted));
-            if granted {
-                st.deadline = st.deadline.max(deadline);
-                return;
+            st.confirmed = refused.then_some(0);
+            if st.count == 0 {
+                st.lost.send_replace(true);
             }
+            st.count
+        };
+        if count > 0 {
+            self.hold.mark_lost(self.gen, reason);
         }
-        self.hold
-            .mark_lost(self.gen, "the lock was no longer held when it was handed over");
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        if self.settled {
-            return;
+        if !self.settled {
+            self.end("the handoff's outcome is unknown", false);
         }
-        {
-            let mut st = self.hold.state.lock();
-            if st.gen != self.gen {
-                return;
-            }
-            st.pending = false;
-        }
-        self.hold.mark_lost(self.gen, "the handoff's outcome is unknown");
     }
 }

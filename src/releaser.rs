@@ -108,18 +108,24 @@ async fn release_in_span(
     };
     // Sent even if the hold was retired meanwhile (say, by a refused attempt of the same owner
     // that saw this generation's field still there): a repeat is harmless, a skip is not.
-    let (target, done) = {
+    let (target, done, lost) = {
         let st = hold.state.lock();
         let target = st.redis_count(gen);
-        (target, !was_lost && st.gen == gen && st.confirmed == Some(target))
+        let current = st.gen == gen;
+        (
+            target,
+            !was_lost && current && st.confirmed == Some(target),
+            current && *st.lost.borrow(),
+        )
     };
     tracing::Span::current().record("left", target);
     if done {
-        // An earlier guard's background release, sent after this level went too, did it.
+        // An earlier guard's background release, sent after this level went too, did it; or
+        // Redis refused a handoff's grant after its guard went (see `handoff::Pending`).
         if target == 0 {
             core.holds.retire_if_idle(hold);
         }
-        return Ok(());
+        return if lost { Err(Error::NotHeld) } else { Ok(()) };
     }
     // Another owner of this client waiting for the lock may be handed it in the same step.
     if let Some(taker) = (target == 0 && !was_lost).then(|| core.taker(hold)).flatten() {

@@ -124,7 +124,7 @@ impl Core {
                     for (i, ((hold, _), ask)) in holds.iter().zip(&asks).enumerate() {
                         let token = rest[2 * i + 1].max(0) as u64;
                         let deadline = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
-                        match self.record_grant(hold, ask, token, deadline, mode) {
+                        match self.record_grant(hold, ask, token, deadline, mode, false) {
                             Some(grant) => grants.push(grant),
                             None => {
                                 // A reentered hold lost while the call ran (its cleanup takes this

@@ -366,3 +366,44 @@ async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
     here.shutdown().await;
     there.shutdown().await;
 }
+
+/// The same refusal when the waiter released its grant before Redis answered (a section shorter than
+/// the call): its release reports the lock not held, not a clean release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grant_released_before_redis_refused_it_reports_the_lock_not_held() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-refused");
+    let here = client(&server, config(8)).await;
+    let there = client(&server, config(8)).await;
+    let key = lock_key(&name);
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.cmd(&["DEL", &key]);
+    let other = there.lock(&name).acquire().await.unwrap();
+
+    server.pause();
+    let release = tokio::spawn(first.release());
+    let second = tokio::time::timeout(Duration::from_millis(800), waiter).await;
+    let second = match second {
+        Ok(second) => second.unwrap(),
+        Err(_) => {
+            server.resume();
+            panic!("handed over while the server answers nothing");
+        }
+    };
+    let second_release = tokio::spawn(second.release());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.resume();
+    assert!(matches!(release.await.unwrap(), Err(relock::Error::NotHeld)));
+    assert!(
+        matches!(second_release.await.unwrap(), Err(relock::Error::NotHeld)),
+        "the waiter learns that its section did not hold the lock"
+    );
+    assert!(server.exists(&key), "the other client's hold is untouched");
+    other.release().await.unwrap();
+    here.shutdown().await;
+    there.shutdown().await;
+}
