@@ -50,6 +50,8 @@ pub(crate) struct Handoffs {
     queues: Mutex<HashMap<Str, Queue>>,
     limit: u32,
     ids: AtomicU64,
+    /// How long the last handoff's call took, in µs (see [`Core::early_grant`]).
+    call_us: AtomicU64,
 }
 
 #[derive(Default)]
@@ -154,6 +156,7 @@ impl Handoffs {
             queues: Mutex::new(HashMap::new()),
             limit,
             ids: AtomicU64::new(0),
+            call_us: AtomicU64::new(0),
         }
     }
 
@@ -394,6 +397,8 @@ impl Core {
         let handed = self.masters.nodes[0]
             .transfer(keys, field, &ask.field, ask.lease, granted)
             .await;
+        let took = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        self.handoffs.call_us.store(took, Ordering::Relaxed);
         let handed = match handed {
             Ok(handed) => handed,
             Err(err) => {
@@ -464,8 +469,17 @@ impl Core {
     /// is still the hold's, not lost, and safe for twice as long as a call to the node may take
     /// (its answer then comes, or its bound runs out, well before the waiter's lease ends). Redis
     /// holds the lock for one hold or the other throughout, for as long as the waiter's lease.
+    ///
+    /// Nor when this hold was held for less time than the last handoff's call took: a waiter
+    /// granted early that releases before the call's answer waits for it all the same (its
+    /// operations queue behind the call), and its early start only cost it a wake-up more. Locks
+    /// held longer than a round trip gain it.
     fn early_grant(&self, hold: &Hold, gen: u64, now: Instant) -> Option<(u64, Instant)> {
         let st = hold.state.lock();
+        let call = Duration::from_micros(self.handoffs.call_us.load(Ordering::Relaxed));
+        if now.saturating_duration_since(st.since) < call {
+            return None;
+        }
         let bound = self.masters.nodes[0].link.bound();
         let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && !st.pending && st.token > 0;
         // An undo on its way may concern an attempt of this owner that replaced this generation in
