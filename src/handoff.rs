@@ -11,9 +11,10 @@
 //! acquisitions draw above it) and sets the waiter's own lease; its answer extends the waiter's
 //! lease, or ends the grant as lost when the lock was gone meanwhile. Otherwise the call draws the
 //! token (`scripts/transfer.lua`) and the waiter is granted when it answers. Not early, so that Redis
-//! surely holds the releasing hold's field: a hold retired meanwhile, one whose lease ends within a
-//! call's bound, or a lock with an undo of this client on its way (an attempt of the same owner whose
-//! outcome is unknown may have replaced that field).
+//! surely holds the releasing hold's field: a hold retired meanwhile, one whose lease ends within two
+//! calls' bounds, or a lock with an undo of this client on its way (an attempt of the same owner
+//! whose outcome is unknown may have replaced that field); nor after a hold shorter than the last
+//! handoff's call, where it gains nothing.
 //!
 //! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
 //! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
