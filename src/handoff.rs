@@ -390,6 +390,11 @@ impl Core {
                     settled: false,
                 });
                 granted = Some(token);
+                // If the call's outcome stays unknown, the fence goes up to the waiter's token
+                // before the undo can free the lock (the call may never have run).
+                if let Some(resync) = undo_from.resync.as_mut() {
+                    resync.fence_floor = Some(token);
+                }
                 if let Some(candidate) = candidate.take() {
                     self.deliver(hold, &to, candidate, grant);
                 }

@@ -135,6 +135,7 @@ impl Hold {
             owner: self.owner.clone(),
             field: field.clone(),
             gen,
+            fence_floor: None,
         }
     }
 
@@ -207,6 +208,10 @@ pub(crate) struct Resync {
     pub(crate) owner: Str,
     pub(crate) field: Str,
     pub(crate) gen: u64,
+    /// A token handed out before Redis recorded it (an early handoff whose call's outcome is
+    /// unknown, see `handoff.rs`): the fence is raised to it before anything is released, so that
+    /// the lock is never free here while the fence is below a token in use.
+    pub(crate) fence_floor: Option<u64>,
 }
 
 /// A hold is found by its lock key and owner id.

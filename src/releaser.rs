@@ -210,9 +210,23 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
         drop(ops);
         None
     };
-    quorum::release_on(&core.masters, &resync.keys, &resync.field, target, pending)
-        .await
-        .silent
+    let mut silent = Vec::new();
+    let mut ready: Vec<usize> = pending.to_vec();
+    if let Some(token) = resync.fence_floor {
+        ready.clear();
+        for &i in pending {
+            match core.masters.nodes[i].raise_fence(&resync.keys, token).await {
+                Ok(()) => ready.push(i),
+                Err(_) => silent.push(i),
+            }
+        }
+    }
+    silent.extend(
+        quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready)
+            .await
+            .silent,
+    );
+    silent
 }
 
 /// Brings the masters in `pending` in line with the local count of a hold generation after an

@@ -407,3 +407,56 @@ async fn a_grant_released_before_redis_refused_it_reports_the_lock_not_held() {
     here.shutdown().await;
     there.shutdown().await;
 }
+
+/// An early handoff whose call gets no answer in time (the server paused past the node timeout):
+/// the waiter is told at once that it lost the lock, and the undos leave the lock free with the
+/// fence at or above the token the waiter was given, so that the next holder's token is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above_its_token() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-unanswered");
+    let here = client(&server, config(8)).await;
+    let there = client(&server, config(8)).await;
+    let key = lock_key(&name);
+
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = first.fencing_token();
+
+    server.pause();
+    let release = tokio::spawn(first.release());
+    let second = match tokio::time::timeout(Duration::from_millis(800), waiter).await {
+        Ok(second) => second.unwrap(),
+        Err(_) => {
+            server.resume();
+            panic!("handed over while the server answers nothing");
+        }
+    };
+    assert_eq!(second.fencing_token(), token + 1);
+    let lost = tokio::time::timeout(Duration::from_secs(4), second.lost()).await;
+    let released = tokio::time::timeout(Duration::from_secs(2), release).await;
+    server.resume();
+    lost.expect("told of the loss once the call's bound ran out");
+    assert!(
+        matches!(released, Ok(Ok(Err(relock::Error::Timeout(_))))),
+        "the release reports the missing answer: {released:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || !server.exists(&key)).await,
+        "the undos free the lock once the server answers again"
+    );
+    let fence: u64 = server
+        .cmd(&["GET", &format!("{key}:fence")])
+        .as_str()
+        .and_then(|f| f.parse().ok())
+        .unwrap();
+    assert!(fence > token, "the fence covers the handed token");
+    let next = there.lock(&name).acquire().await.unwrap();
+    assert!(next.fencing_token() > second.fencing_token());
+    next.release().await.unwrap();
+    drop(second);
+    here.shutdown().await;
+    there.shutdown().await;
+}
