@@ -24,6 +24,65 @@ fn config(limit: u32) -> LockConfig {
         .command_timeout(Duration::from_secs(2))
 }
 
+/// Two clients of `server`, and a lock of `name` held by one owner of the first while another
+/// owner of it waits (refused once and asleep, queued for a handoff).
+struct Handoff {
+    here: LockClient,
+    there: LockClient,
+    key: String,
+    first: relock::LockGuard,
+    waiter: tokio::task::JoinHandle<relock::LockGuard>,
+}
+
+/// Shuts down both clients of a [`Handoff`].
+async fn close(here: &LockClient, there: &LockClient) {
+    here.shutdown().await;
+    there.shutdown().await;
+}
+
+/// The lock of `h` removed behind its holder's back and taken by the other client.
+async fn taken_behind_its_back(server: &RedisServer, h: &Handoff, name: &str) -> relock::LockGuard {
+    server.cmd(&["DEL", &h.key]);
+    h.there.lock(name).acquire().await.unwrap()
+}
+
+async fn held_with_a_waiter(server: &RedisServer, name: &str) -> Handoff {
+    let here = client(server, config(8)).await;
+    let there = client(server, config(8)).await;
+    let first = here.lock(name).acquire().await.unwrap();
+    let lock = here.lock(name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    Handoff {
+        here,
+        there,
+        key: lock_key(name),
+        first,
+        waiter,
+    }
+}
+
+/// Pauses `server` and releases `first`; the waiter's guard, handed over while the server answers
+/// nothing (the server is resumed before a failure), and the release on its way.
+async fn handed_while_paused(
+    server: &RedisServer,
+    first: relock::LockGuard,
+    waiter: tokio::task::JoinHandle<relock::LockGuard>,
+) -> (
+    relock::LockGuard,
+    tokio::task::JoinHandle<Result<(), relock::Error>>,
+) {
+    server.pause();
+    let release = tokio::spawn(first.release());
+    match tokio::time::timeout(Duration::from_millis(800), waiter).await {
+        Ok(second) => (second.unwrap(), release),
+        Err(_) => {
+            server.resume();
+            panic!("handed over while the server answers nothing");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_in_one_call() {
     let server = RedisServer::start();
@@ -265,24 +324,12 @@ async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
 async fn a_waiter_is_handed_the_lock_before_redis_answers() {
     let server = RedisServer::start();
     let name = unique_name("handoff-early");
-    let here = client(&server, config(8)).await;
-    let there = client(&server, config(8)).await;
-    let key = lock_key(&name);
+    let h = held_with_a_waiter(&server, &name).await;
+    let first_field = server.hold_field(&h.key);
+    let token = h.first.fencing_token();
 
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let first_field = server.hold_field(&key);
-    let token = first.fencing_token();
-
-    server.pause();
-    let release = tokio::spawn(first.release());
-    let second = tokio::time::timeout(Duration::from_millis(800), waiter).await;
+    let (second, release) = handed_while_paused(&server, h.first, h.waiter).await;
     server.resume();
-    let second = second
-        .expect("handed over while the server answers nothing")
-        .unwrap();
     assert_eq!(
         second.fencing_token(),
         token + 1,
@@ -293,14 +340,14 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
         .unwrap()
         .expect("the release is confirmed once the server answers");
 
-    let second_field = server.hold_field(&key);
+    let second_field = server.hold_field(&h.key);
     assert_ne!(second_field, first_field, "the hold moved in Redis");
     assert_eq!(
-        server.cmd(&["GET", &format!("{key}:fence")]).as_str(),
+        server.cmd(&["GET", &format!("{}:fence", h.key)]).as_str(),
         Some((token + 1).to_string().as_str()),
         "the fence is at the handed token"
     );
-    let ttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    let ttl = server.cmd(&["PTTL", &h.key]).as_int().unwrap();
     assert!(ttl > 25_000, "the waiter's own lease, set by the call: {ttl} ms");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -310,7 +357,7 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
         "the handed hold stands once Redis recorded it"
     );
 
-    let lock = there.lock(&name);
+    let lock = h.there.lock(&name);
     let other = tokio::spawn(async move { lock.acquire().await.unwrap() });
     second.release().await.unwrap();
     let other = tokio::time::timeout(Duration::from_secs(2), other)
@@ -322,8 +369,7 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
         "later tokens draw above the handed one"
     );
     other.release().await.unwrap();
-    here.shutdown().await;
-    there.shutdown().await;
+    close(&h.here, &h.there).await;
 }
 
 /// A hold whose lock was taken behind its back (removed, then acquired by another client) hands
@@ -333,22 +379,14 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
 async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
     let server = RedisServer::start();
     let name = unique_name("handoff-taken");
-    let here = client(&server, config(8)).await;
-    let there = client(&server, config(8)).await;
-    let key = lock_key(&name);
+    let h = held_with_a_waiter(&server, &name).await;
 
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let other = taken_behind_its_back(&server, &h, &name).await;
+    let other_field = server.hold_field(&h.key);
+    assert!(other.fencing_token() > h.first.fencing_token());
 
-    server.cmd(&["DEL", &key]);
-    let other = there.lock(&name).acquire().await.unwrap();
-    let other_field = server.hold_field(&key);
-    assert!(other.fencing_token() > first.fencing_token());
-
-    assert!(matches!(first.release().await, Err(relock::Error::NotHeld)));
-    let second = tokio::time::timeout(Duration::from_secs(2), waiter)
+    assert!(matches!(h.first.release().await, Err(relock::Error::NotHeld)));
+    let second = tokio::time::timeout(Duration::from_secs(2), h.waiter)
         .await
         .expect("the waiter was handed a grant")
         .unwrap();
@@ -357,14 +395,13 @@ async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
         .expect("told at once, not at the next renewal");
     assert!(second.fencing_token() < other.fencing_token(), "fenced out");
     assert_eq!(
-        server.hold_field(&key),
+        server.hold_field(&h.key),
         other_field,
         "the other client still holds it"
     );
     drop(second);
     other.release().await.unwrap();
-    here.shutdown().await;
-    there.shutdown().await;
+    close(&h.here, &h.there).await;
 }
 
 /// The same refusal when the waiter released its grant before Redis answered (a section shorter than
@@ -373,27 +410,10 @@ async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
 async fn a_grant_released_before_redis_refused_it_reports_the_lock_not_held() {
     let server = RedisServer::start();
     let name = unique_name("handoff-refused");
-    let here = client(&server, config(8)).await;
-    let there = client(&server, config(8)).await;
-    let key = lock_key(&name);
+    let h = held_with_a_waiter(&server, &name).await;
+    let other = taken_behind_its_back(&server, &h, &name).await;
 
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    server.cmd(&["DEL", &key]);
-    let other = there.lock(&name).acquire().await.unwrap();
-
-    server.pause();
-    let release = tokio::spawn(first.release());
-    let second = tokio::time::timeout(Duration::from_millis(800), waiter).await;
-    let second = match second {
-        Ok(second) => second.unwrap(),
-        Err(_) => {
-            server.resume();
-            panic!("handed over while the server answers nothing");
-        }
-    };
+    let (second, release) = handed_while_paused(&server, h.first, h.waiter).await;
     let second_release = tokio::spawn(second.release());
     tokio::time::sleep(Duration::from_millis(50)).await;
     server.resume();
@@ -402,10 +422,9 @@ async fn a_grant_released_before_redis_refused_it_reports_the_lock_not_held() {
         matches!(second_release.await.unwrap(), Err(relock::Error::NotHeld)),
         "the waiter learns that its section did not hold the lock"
     );
-    assert!(server.exists(&key), "the other client's hold is untouched");
+    assert!(server.exists(&h.key), "the other client's hold is untouched");
     other.release().await.unwrap();
-    here.shutdown().await;
-    there.shutdown().await;
+    close(&h.here, &h.there).await;
 }
 
 /// An early handoff whose call gets no answer in time (the server paused past the node timeout):
@@ -415,25 +434,10 @@ async fn a_grant_released_before_redis_refused_it_reports_the_lock_not_held() {
 async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above_its_token() {
     let server = RedisServer::start();
     let name = unique_name("handoff-unanswered");
-    let here = client(&server, config(8)).await;
-    let there = client(&server, config(8)).await;
-    let key = lock_key(&name);
+    let h = held_with_a_waiter(&server, &name).await;
+    let token = h.first.fencing_token();
 
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let token = first.fencing_token();
-
-    server.pause();
-    let release = tokio::spawn(first.release());
-    let second = match tokio::time::timeout(Duration::from_millis(800), waiter).await {
-        Ok(second) => second.unwrap(),
-        Err(_) => {
-            server.resume();
-            panic!("handed over while the server answers nothing");
-        }
-    };
+    let (second, release) = handed_while_paused(&server, h.first, h.waiter).await;
     assert_eq!(second.fencing_token(), token + 1);
     let lost = tokio::time::timeout(Duration::from_secs(4), second.lost()).await;
     let released = tokio::time::timeout(Duration::from_secs(2), release).await;
@@ -444,19 +448,18 @@ async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above
         "the release reports the missing answer: {released:?}"
     );
     assert!(
-        eventually(Duration::from_secs(5), || !server.exists(&key)).await,
+        eventually(Duration::from_secs(5), || !server.exists(&h.key)).await,
         "the undos free the lock once the server answers again"
     );
     let fence: u64 = server
-        .cmd(&["GET", &format!("{key}:fence")])
+        .cmd(&["GET", &format!("{}:fence", h.key)])
         .as_str()
         .and_then(|f| f.parse().ok())
         .unwrap();
     assert!(fence > token, "the fence covers the handed token");
-    let next = there.lock(&name).acquire().await.unwrap();
+    let next = h.there.lock(&name).acquire().await.unwrap();
     assert!(next.fencing_token() > second.fencing_token());
     next.release().await.unwrap();
     drop(second);
-    here.shutdown().await;
-    there.shutdown().await;
+    close(&h.here, &h.there).await;
 }
