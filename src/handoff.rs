@@ -36,7 +36,6 @@ use tokio::time::Instant;
 use crate::core::{Core, UndoOnDrop};
 use crate::hold::{Grant, Hold, Job, LeaseMode};
 use crate::keys::{Kind, LockKeys};
-use crate::quorum;
 use crate::Error;
 
 /// How many round trips of the release that ended a streak this client's attempts hold back (see
@@ -340,7 +339,9 @@ impl Core {
 
     /// Releases generation `gen` (field `field`) of `hold`, whose count is 0 here, by handing the
     /// lock to `taker` (see the module doc and [`taker`](Core::taker)); returns the release's
-    /// outcome. Called with the hold's `ops` lock held.
+    /// outcome, or `None` when Redis refused a grant made early (the lock was no longer this hold's,
+    /// or a later token was drawn): the caller then releases this hold as usual, announcing it.
+    /// Called with the hold's `ops` lock held.
     ///
     /// When this hold's lease outlasts the call ([`early_grant`](Core::early_grant)), the waiter
     /// is granted the lock before the call, with the next token and this hold's lease end, and the
@@ -358,7 +359,7 @@ impl Core {
         gen: u64,
         field: &Str,
         taker: Taker,
-    ) -> Result<(), Error> {
+    ) -> Option<Result<(), Error>> {
         let keys = &hold.keys;
         let Taker {
             candidate,
@@ -412,7 +413,7 @@ impl Core {
                 // waiter tries itself (its sender dropped), or loses its early grant.
                 drop(pending);
                 self.holds.retire_if_idle(&to);
-                return Err(err);
+                return Some(Err(err));
             }
         };
         undo_from.resync = None;
@@ -432,13 +433,11 @@ impl Core {
                 });
             }
             if handed.token.is_some() {
-                return Ok(());
+                return Some(Ok(()));
             }
-            // Not handed: the waiter lost its grant, and this hold is released as usual (and
-            // announced), if it was still there.
+            // Not handed: the waiter lost its grant, and the caller releases this hold as usual.
             self.holds.retire_if_idle(&to);
-            drop(to_ops);
-            return self.release_after_failed_handoff(hold, gen, field).await;
+            return None;
         }
         match handed
             .token
@@ -463,11 +462,11 @@ impl Core {
             }
             None => self.holds.retire_if_idle(&to),
         }
-        if handed.released {
+        Some(if handed.released {
             Ok(())
         } else {
             Err(Error::NotHeld)
-        }
+        })
     }
 
     /// The token and lease end that a waiter may be handed the lock with before Redis records it:
@@ -503,30 +502,6 @@ impl Core {
         if let Err(grant) = candidate.grant.send(grant) {
             // The waiter left meanwhile.
             self.give_back(grant);
-        }
-    }
-
-    /// Releases generation `gen` (field `field`) of `hold` as a release without a waiter would,
-    /// after a handoff that Redis refused: the releasing hold is still there if the fence had moved
-    /// past its token, and its waiters must hear of its release.
-    async fn release_after_failed_handoff(
-        self: &Arc<Self>,
-        hold: &Arc<Hold>,
-        gen: u64,
-        field: &Str,
-    ) -> Result<(), Error> {
-        let outcome = quorum::release(&self.masters, &hold.keys, field, 0).await;
-        self.handoffs.freed(&hold.keys.lock, Duration::ZERO, None);
-        if !outcome.silent.is_empty() {
-            self.enqueue(Job::Resync {
-                resync: hold.resync(field, gen),
-                on: outcome.silent.clone(),
-            });
-        }
-        match outcome.outcome(&self.masters) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(Error::NotHeld),
-            Err(err) => Err(err),
         }
     }
 }

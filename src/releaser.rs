@@ -131,9 +131,11 @@ async fn release_in_span(
     if let Some(taker) = (target == 0 && !was_lost).then(|| core.taker(hold)).flatten() {
         // Boxed: its future inside every release's would nest the types of an awaited release
         // past the compiler's default depth (and be moved with it every time).
-        let result = Box::pin(core.hand_over(hold, gen, field, taker)).await;
-        core.holds.retire_if_idle(hold);
-        return result;
+        if let Some(result) = Box::pin(core.hand_over(hold, gen, field, taker)).await {
+            core.holds.retire_if_idle(hold);
+            return result;
+        }
+        // Redis refused a grant made early: released below as if nobody had waited.
     }
     // This client's waiters hold back while a release that ends a handoff streak is on its way.
     let ending = (target == 0)
@@ -210,15 +212,21 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
         drop(ops);
         None
     };
+    // An early handoff's token (see `Resync::fence_floor`) is covered before anything goes.
     let mut silent = Vec::new();
-    let mut ready: Vec<usize> = pending.to_vec();
-    if let Some(token) = resync.fence_floor {
-        ready.clear();
-        for &i in pending {
-            match core.masters.nodes[i].raise_fence(&resync.keys, token).await {
-                Ok(()) => ready.push(i),
-                Err(_) => silent.push(i),
-            }
+    let mut ready = Vec::with_capacity(pending.len());
+    for &i in pending {
+        let raised = match resync.fence_floor {
+            Some(token) => core.masters.nodes[i]
+                .raise_fence(&resync.keys, token)
+                .await
+                .is_ok(),
+            None => true,
+        };
+        if raised {
+            ready.push(i);
+        } else {
+            silent.push(i);
         }
     }
     silent.extend(
