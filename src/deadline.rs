@@ -16,13 +16,13 @@
 //! (A queue kept sorted by moving each new entry forward to its place cost 9 % of the client's CPU
 //! in a 16-task acquire/release loop: every operation's bound moved past the last 20 ms of rounds.)
 //!
-//! A request marks its entry done when it ends by dropping the only strong handle to it. Below
-//! [`WAKE_BELOW`] requests in flight it also aborts the handle, which wakes the task that polls
-//! it, although that task is running (it just finished the request): tokio polls it once more for
-//! nothing, and wakes an idle worker to take it. That wasted wake keeps the runtime's second
-//! worker up for the next reply, which on a small machine shortens the next hop: without it a
-//! single task's cycle took 18 % longer. With many requests in flight the workers are busy anyway
-//! and the wake is pure cost: without it 256 tasks ran 13 % more cycles per second.
+//! A request marks its entry done when it ends, by dropping the only strong handle to it; its end
+//! wakes nothing. (Its end used to abort the handle as well while fewer than 128 requests were in
+//! flight: a wasted wake of its own task, which made tokio wake the runtime's second worker. On an
+//! earlier 2-vCPU VM that kept the worker up for the next reply and a single task's cycle took
+//! 18 % less. On the current one, 2 vCPUs of an AMD EPYC, it cost: without it 1 task ran 13-18 %
+//! more cycles per second, 2 tasks 65 % more, with a quarter less CPU per cycle; 3 to 256 tasks
+//! the same or better. It went.)
 //!
 //! The task stops once its `Deadlines` is dropped and the requests it bounds have ended (each
 //! holds the shared state until it ends, so its bound holds to the last).
@@ -30,7 +30,6 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -45,13 +44,6 @@ const IDLE: Duration = Duration::from_secs(3600);
 /// The heap's size below which it is never swept.
 const SWEEP_MIN: usize = 64;
 
-/// Below this many requests in flight, a request's end wakes its task (see the module doc).
-/// Measured (one server, N tasks each acquiring and releasing a lock of its own, alternated with
-/// the build that always wakes): 1 and 16 tasks stay below it and keep their figures (without the
-/// wake: -18 % and -8 % cycles/s); 64 tasks, about 80 in flight, 92-95k against 89-94k; 128 tasks
-/// +3 %, 256 tasks +13 %. A bound of 64 put 64 tasks above it: -9 %.
-const WAKE_BELOW: usize = 128;
-
 /// A heap of deadlines, and the task that enforces them (see the module doc).
 pub(crate) struct Deadlines {
     shared: Arc<Shared>,
@@ -61,8 +53,6 @@ struct Shared {
     state: Mutex<State>,
     /// A deadline earlier than the task's alarm was added, or the `Deadlines` is gone.
     wake: Notify,
-    /// Requests registered and not yet ended.
-    in_flight: AtomicUsize,
 }
 
 /// A deadline and the abort handle of its request, whose only strong reference the request holds:
@@ -116,7 +106,6 @@ impl Deadlines {
                 alarm: None,
             }),
             wake: Notify::new(),
-            in_flight: AtomicUsize::new(0),
         });
         tokio::spawn(run(Arc::downgrade(&shared)));
         Deadlines { shared }
@@ -135,7 +124,6 @@ impl Deadlines {
     ) -> impl Future<Output = Option<F::Output>> {
         let (abort, registration) = AbortHandle::new_pair();
         let abort = Arc::new(abort);
-        self.shared.in_flight.fetch_add(1, AtomicOrdering::Relaxed);
         {
             let mut guard = self.shared.state.lock();
             let state = &mut *guard;
@@ -156,29 +144,10 @@ impl Deadlines {
             }
         }
         // The request's end, or its drop, drops the handle: that marks the heap's entry as done.
-        let done = Done {
-            abort,
-            shared: self.shared.clone(),
-        };
         Abortable::new(request, registration).map(move |outcome| {
-            drop(done);
+            drop(abort);
             outcome.ok()
         })
-    }
-}
-
-/// A request's handle, dropped with the request's output or with the request; aborted then too
-/// while few requests are in flight (see [`WAKE_BELOW`]).
-struct Done {
-    abort: Arc<AbortHandle>,
-    shared: Arc<Shared>,
-}
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        if self.shared.in_flight.fetch_sub(1, AtomicOrdering::Relaxed) <= WAKE_BELOW {
-            self.abort.abort();
-        }
     }
 }
 
@@ -221,6 +190,7 @@ async fn run(shared: Weak<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 
     #[tokio::test(start_paused = true)]
     async fn requests_past_their_deadline_are_dropped_in_deadline_order() {
@@ -275,7 +245,7 @@ mod tests {
         }
     }
 
-    /// How many times a request's task is woken: by the reply, and by the request's end.
+    /// How many times a request's task is woken, from its first poll to its end.
     fn wakes_of_one_request(deadlines: &Deadlines) -> usize {
         let counter = Arc::new(CountingWaker(AtomicUsize::new(0)));
         let waker = futures::task::waker(counter.clone());
@@ -292,14 +262,10 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_finished_request_wakes_its_task_only_while_few_are_in_flight() {
+    async fn a_finished_request_wakes_its_task_only_for_the_reply() {
         let deadlines = Deadlines::start();
-        assert_eq!(
-            wakes_of_one_request(&deadlines),
-            2,
-            "alone: the reply and the end"
-        );
-        let others: Vec<_> = (0..WAKE_BELOW)
+        assert_eq!(wakes_of_one_request(&deadlines), 1, "alone");
+        let others: Vec<_> = (0..200)
             .map(|_| {
                 deadlines.within(
                     Instant::now() + Duration::from_secs(1),
@@ -307,10 +273,8 @@ mod tests {
                 )
             })
             .collect();
-        assert_eq!(wakes_of_one_request(&deadlines), 1, "under load: the reply only");
+        assert_eq!(wakes_of_one_request(&deadlines), 1, "among others");
         drop(others);
-        assert_eq!(deadlines.shared.in_flight.load(AtomicOrdering::SeqCst), 0);
-        assert_eq!(wakes_of_one_request(&deadlines), 2);
     }
 
     #[tokio::test(start_paused = true)]
