@@ -24,6 +24,7 @@ use std::time::Duration;
 use fred::clients::Client;
 use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
 use fred::types::config::Server;
+use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
 
 use crate::link::NodeClient;
@@ -408,7 +409,23 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     if subscribe.is_empty() {
         return;
     }
-    let result = bounded(link, subscriber.subscribe(subscribe.clone())).await;
+    // fred answers `SUBSCRIBE` once it is queued for the connection, not when the server ran it
+    // (see `Waiters::check`): a `PING` behind it on the same connection is answered only after the
+    // server ran both, so its reply is the confirmation. Without it a waiter that took the early
+    // answer for one tried again, was refused, and slept through a release published before the
+    // server had its subscription (a release in that gap, on a busy runtime: about one run in six
+    // of `tests/handoff.rs`'s early handoff test). On a cluster the `PING` goes where fred sends
+    // the client's plain subscriptions: the slot of its id.
+    let ping = CustomCommand::new_static(
+        "PING",
+        ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes())),
+        false,
+    );
+    let result = bounded(link, async {
+        subscriber.subscribe(subscribe.clone()).await?;
+        subscriber.custom::<Value, Value>(ping, Vec::new()).await.map(drop)
+    })
+    .await;
     // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
     settle(shared, &subscribe, &result, None);
     if let Err(err) = result {
