@@ -399,6 +399,11 @@ impl Core {
                 if let Some(candidate) = candidate.take() {
                     self.deliver(hold, &to, candidate, grant);
                 }
+                // The waiter runs first, on this worker, before the call is sent: otherwise the
+                // call's sending takes its place (tokio runs the task woken last next), and it
+                // waits for it or for the other worker to wake. Idle gap p50 in the hot-lock
+                // bench 11-21 against 24-46 µs.
+                tokio::task::yield_now().await;
             }
         }
         let handed = self.masters.nodes[0]
