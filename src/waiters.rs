@@ -423,7 +423,10 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     );
     let result = bounded(link, async {
         subscriber.subscribe(subscribe.clone()).await?;
-        subscriber.custom::<Value, Value>(ping, Vec::new()).await.map(drop)
+        subscriber
+            .custom::<Value, Value>(ping, Vec::new())
+            .await
+            .map(drop)
     })
     .await;
     // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
