@@ -422,6 +422,39 @@ async fn a_waiter_is_handed_the_lock_promptly_despite_a_long_ttl() {
     assert!(guard.is_held());
 }
 
+/// A waiter counts its subscription as confirmed only once the server ran it: fred answers
+/// `SUBSCRIBE` as soon as it is queued. Here the waiter's `SUBSCRIBE` is held back in a proxy for
+/// 600 ms, and the lock is released 200 ms into that, published to nobody. A waiter that took
+/// fred's answer for the confirmation has tried again by then, been refused, and sleeps until the
+/// 30 s lease would run out; one that waits for the server's confirmation tries again after it
+/// and finds the lock free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_before_the_server_ran_the_subscription_is_not_missed() {
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port()).await;
+    let config = LockConfig::default(); // 30 s watchdog lease
+    let holder = LockClient::connect_with(&server.url(), config.clone())
+        .await
+        .unwrap();
+    let waiter = LockClient::connect_with(&proxy.url(), config).await.unwrap();
+    let name = unique_name("late-subscribe");
+    let guard = holder.lock(&name).acquire().await.unwrap();
+
+    proxy.delay_request_once(b"SUBSCRIBE", Duration::from_millis(600));
+    let waiting = wait_for(waiter.lock(&name));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!waiting.is_finished(), "refused while the lock is held");
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (at, guard) = granted(waiting).await;
+    assert!(
+        at - released < Duration::from_secs(2),
+        "granted {:?} after the release",
+        at - released
+    );
+    assert!(guard.is_held());
+}
+
 /// A release is published only when a refused waiter marked the hold (`field~` beside its field):
 /// an uncontended lock sends no message, a contended one wakes its waiter promptly (with a 30 s
 /// lease), and the mark shows in `inspect` and goes with the hold.

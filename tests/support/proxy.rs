@@ -29,8 +29,9 @@ struct Shared {
     epoch: watch::Sender<u64>,
     /// True while requests (client to server) are held back; replies still flow.
     stalled: watch::Sender<bool>,
-    /// A reply chunk containing these bytes is held back this long, once.
-    delay_once: parking_lot::Mutex<Option<(Vec<u8>, Duration)>>,
+    /// A chunk containing these bytes, a reply (true) or a request (false), is held back this
+    /// long, once.
+    delay_once: parking_lot::Mutex<Option<(Vec<u8>, Duration, bool)>>,
 }
 
 impl Proxy {
@@ -95,7 +96,13 @@ impl Proxy {
     /// The next reply chunk that contains `pattern` is held back for `delay` (and everything behind
     /// it on that connection, whose order is kept).
     pub fn delay_reply_once(&self, pattern: &[u8], delay: Duration) {
-        *self.shared.delay_once.lock() = Some((pattern.to_vec(), delay));
+        *self.shared.delay_once.lock() = Some((pattern.to_vec(), delay, true));
+    }
+
+    /// The next request chunk that contains `pattern` is held back for `delay` (and everything
+    /// behind it on that connection), while the client's other connections go on.
+    pub fn delay_request_once(&self, pattern: &[u8], delay: Duration) {
+        *self.shared.delay_once.lock() = Some((pattern.to_vec(), delay, false));
     }
 
     /// Points the proxy at another server and drops the connections to the old one.
@@ -178,21 +185,19 @@ async fn pump(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, shared: Arc<Share
                 return;
             }
         }
-        if replies {
-            let delay = {
-                let mut armed = shared.delay_once.lock();
-                let hit = armed
-                    .as_ref()
-                    .is_some_and(|(pattern, _)| buf[..n].windows(pattern.len()).any(|w| w == &pattern[..]));
-                if hit {
-                    armed.take().map(|(_, delay)| delay)
-                } else {
-                    None
-                }
-            };
-            if let Some(delay) = delay {
-                tokio::time::sleep(delay).await;
+        let delay = {
+            let mut armed = shared.delay_once.lock();
+            let hit = armed.as_ref().is_some_and(|(pattern, _, on_replies)| {
+                *on_replies == replies && buf[..n].windows(pattern.len()).any(|w| w == &pattern[..])
+            });
+            if hit {
+                armed.take().map(|(_, delay, _)| delay)
+            } else {
+                None
             }
+        };
+        if let Some(delay) = delay {
+            tokio::time::sleep(delay).await;
         }
         let latency = shared.latency_us.load(Ordering::Relaxed);
         if latency > 0 {
