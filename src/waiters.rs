@@ -134,11 +134,10 @@ impl Waiters {
             self.subscriber.ssubscribe(channel).await?;
             return self.subscriber.sunsubscribe(channel).await;
         }
-        self.subscriber.subscribe(channel).await?;
-        let pong: fred::types::Value = self.subscriber.ping(None).await?;
+        let pong = subscribe_then_ping(&self.subscriber, vec![channel.to_string()]).await?;
         self.subscriber.unsubscribe(channel).await?;
         let resp2 = self.subscriber.protocol_version() == fred::types::RespVersion::RESP2;
-        if resp2 && !matches!(pong, fred::types::Value::Array(_)) {
+        if resp2 && !matches!(pong, Value::Array(_)) {
             return Err(fred::error::Error::new(
                 fred::error::ErrorKind::Unknown,
                 format!(
@@ -409,24 +408,12 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     if subscribe.is_empty() {
         return;
     }
-    // fred answers `SUBSCRIBE` once it is queued for the connection, not when the server ran it
-    // (see `Waiters::check`): a `PING` behind it on the same connection is answered only after the
-    // server ran both, so its reply is the confirmation. Without it a waiter that took the early
-    // answer for one tried again, was refused, and slept through a release published before the
-    // server had its subscription (a release in that gap, on a busy runtime: about one run in six
-    // of `tests/handoff.rs`'s early handoff test). On a cluster the `PING` goes where fred sends
-    // the client's plain subscriptions: the slot of its id.
-    let ping = CustomCommand::new_static(
-        "PING",
-        ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes())),
-        false,
-    );
+    // The `PING`'s reply is the confirmation, not fred's answer to `SUBSCRIBE`: a waiter that took
+    // that answer for one tried again, was refused, and slept through a release published before
+    // the server had its subscription (on a busy runtime about one run in six of
+    // `tests/handoff.rs`'s early handoff test; `tests/lock.rs` holds the `SUBSCRIBE` back).
     let result = bounded(link, async {
-        subscriber.subscribe(subscribe.clone()).await?;
-        subscriber
-            .custom::<Value, Value>(ping, Vec::new())
-            .await
-            .map(drop)
+        subscribe_then_ping(subscriber, subscribe.clone()).await.map(drop)
     })
     .await;
     // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
@@ -434,6 +421,24 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     if let Err(err) = result {
         tracing::warn!(%err, "SUBSCRIBE failed; waiters fall back to the lease's TTL");
     }
+}
+
+/// `SUBSCRIBE` of `channels`, then a `PING` behind it on the same connection: the `PING`'s reply.
+/// fred answers `SUBSCRIBE` once it is queued, not when the server ran it (and drops a refusal, or
+/// hands it to the next command awaiting a reply): the `PING` is answered only after the server
+/// ran both, and gets that refusal if it was queued in time. On a cluster it goes where fred sends
+/// the client's plain subscriptions: the slot of its id.
+async fn subscribe_then_ping(
+    subscriber: &Client,
+    channels: Vec<String>,
+) -> Result<Value, fred::error::Error> {
+    subscriber.subscribe(channels).await?;
+    let ping = CustomCommand::new_static(
+        "PING",
+        ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes())),
+        false,
+    );
+    subscriber.custom(ping, Vec::<Value>::new()).await
 }
 
 /// [`sync`] for sharded channels: one `SSUBSCRIBE` (and `SUNSUBSCRIBE`) per slot, each awaited
