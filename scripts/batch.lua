@@ -43,6 +43,9 @@
 -- (say, WRONGTYPE); the others are not affected. Flat, because every table in a reply costs the
 -- server a conversion (a nested reply cost about 0.15 us per call more, a table per operation more
 -- still).
+-- The clock is read once per call (see prelude.lua): where this loop is a function of relock's
+-- library (see `scripts.rs`), the helpers' state outlives the call, so it is cleared first.
+clock_reading = false
 local out = {}
 local n = 0
 local k = 1

@@ -101,8 +101,13 @@ impl LockClient {
 
     async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
         let timeout = config.get_command_timeout();
-        node.init(EvictionCheck::of(&config), timeout, config.get_key_prefix())
-            .await?;
+        node.init(
+            EvictionCheck::of(&config),
+            timeout,
+            config.get_key_prefix(),
+            config.get_redis_functions(),
+        )
+        .await?;
         let masters = Masters {
             nodes: vec![Arc::new(node)],
             config: QuorumConfig::for_one_master(timeout),

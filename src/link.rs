@@ -4,16 +4,18 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
+use fred::error::ErrorKind;
 use fred::interfaces::ClientLike;
 use fred::types::config::{Options, Server};
-use fred::types::{Key, Value};
+use fred::types::{ClusterHash, Key, Value};
 
 use crate::deadline::Deadlines;
-use crate::scripts::Script;
+use crate::scripts::{library, Script};
 use crate::topology::{self, Topology};
 use crate::Error;
 
@@ -55,6 +57,11 @@ pub(crate) struct NodeClient {
     /// Synced writes: their own connection (a `WAIT` blocks the connection it runs on), with a
     /// timeout that leaves room for the wait.
     pub(crate) sync: Option<(WithOptions<Client>, SyncReplicas)>,
+    /// The batch scripts run as relock's library's function (`FCALL`, see
+    /// [`Library`](crate::scripts::Library)): set when
+    /// the node connects and every primary took the library, cleared if a primary that lost it
+    /// refuses it again.
+    pub(crate) functions: AtomicBool,
 }
 
 /// A script call's reply, and for a synced call how many replicas acknowledged it.
@@ -79,7 +86,7 @@ impl NodeClient {
     ) -> Vec<Result<Reply<R>, fred::error::Error>> {
         let Some((sync, replicas)) = &self.sync else {
             let runs = calls.into_iter().map(|(keys, args)| async move {
-                let value = script.run(&self.batch, keys, args).await?;
+                let value = self.run(script, &self.batch, keys, args).await?;
                 Ok(Reply { value, acked: None })
             });
             return Sent::start(runs).await.finish().await;
@@ -128,7 +135,7 @@ impl NodeClient {
         let mut runs = Vec::with_capacity(calls.len());
         for ((keys, args), wait) in calls.into_iter().zip(wait_of.iter().copied()) {
             let connection = pinned(&self.options, wait);
-            runs.push(async move { script.run::<R, _>(&connection, keys, args).await });
+            runs.push(async move { self.run::<R, _>(script, &connection, keys, args).await });
         }
         let runs = Sent::start(runs).await;
         let wait_ms = replicas.timeout.as_millis().min(i64::MAX as u128) as i64;
@@ -168,9 +175,46 @@ impl NodeClient {
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
         match &self.sync {
-            Some((sync, _)) => script.run(sync, keys, args).await,
-            None => script.run(&self.cmd, keys, args).await,
+            Some((sync, _)) => self.run(script, sync, keys, args).await,
+            None => self.run(script, &self.cmd, keys, args).await,
         }
+    }
+
+    /// Runs `script` once on `client`: a batch script as the library's function where this node
+    /// runs those (see [`functions`](NodeClient::functions)), else by `EVALSHA`.
+    async fn run<R: fred::types::FromValue, C: ClientLike>(
+        &self,
+        script: &Script,
+        client: &C,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<R, fred::error::Error> {
+        let function = match script.function {
+            Some(function) if self.functions.load(Ordering::Relaxed) => function,
+            _ => return script.run(client, keys, args).await,
+        };
+        let slot = crate::scripts::slot_of(&keys);
+        let result = library().call(function, client, keys, args).await;
+        if let Err(err) = &result {
+            // A server that lost the library (a restart without persistence, `FUNCTION FLUSH`) gets
+            // it again. One that refuses the function or the reload (its user's rights changed, an
+            // older server in its place) turns this node to the scripts. Either way this call did
+            // not run, and its caller makes it again (`scripts::not_run`).
+            let mut refused = crate::scripts::is_function_refused(err);
+            if crate::scripts::is_function_missing(err) {
+                tracing::debug!("function library missing, loading it again");
+                if let Err(load) = library().load(client, ClusterHash::Custom(slot)).await {
+                    refused = !matches!(
+                        load.kind(),
+                        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled
+                    );
+                }
+            }
+            if refused && self.functions.swap(false, Ordering::Relaxed) {
+                tracing::warn!(error = %err, "relock's function library is refused here: the scripts run instead");
+            }
+        }
+        result
     }
 
     fn sync_options(&self, replicas: &SyncReplicas) -> Options {

@@ -88,7 +88,10 @@ impl MultiLock {
         let eviction = EvictionCheck::of(&lock_config);
         let timeout = lock_config.get_command_timeout().max(config.node_timeout);
         let prefix = lock_config.get_key_prefix();
-        let inits = nodes.iter().map(|node| node.init(eviction, timeout, prefix));
+        let functions = lock_config.get_redis_functions();
+        let inits = nodes
+            .iter()
+            .map(|node| node.init(eviction, timeout, prefix, functions));
         let results = futures::future::join_all(inits).await;
         if let Some(Err(err)) = results.iter().find(|r| matches!(r, Err(e) if e.is_bad_input())) {
             return Err(err.clone());

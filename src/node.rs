@@ -1,6 +1,7 @@
 //! One Redis master: a command connection, a subscriber connection and the scripts run on it.
 
 use fred::bytes_utils::Str;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::time::Instant;
 
 use fred::clients::{Client, WithOptions};
+use fred::error::ErrorKind;
 use fred::interfaces::{ClientLike, EventInterface, KeysInterface};
 use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
@@ -18,7 +20,7 @@ use crate::batch::{Batcher, Ints, Op};
 use crate::deadline::Deadlines;
 use crate::keys::{Kind, LockKeys, SemaphoreKeys};
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
-use crate::scripts::{not_run, scripts, Script};
+use crate::scripts::{library, not_run, scripts, Script};
 use crate::topology::{self, ServerInfo, Topology};
 use crate::waiters::Waiters;
 use crate::Error;
@@ -207,6 +209,7 @@ impl Node {
             timeout,
             topology,
             sync,
+            functions: AtomicBool::new(false),
         });
         let mut watchers = vec![tokio::spawn(watch_restarts(
             link.clone(),
@@ -254,8 +257,9 @@ impl Node {
         self.health.lock().run_id.clone()
     }
 
-    /// Connects the command client (if not connected yet), checks the server, loads the scripts and
-    /// checks that the user may run them on keys and channels under `prefix` (see
+    /// Connects the command client (if not connected yet), checks the server, loads the scripts
+    /// (and with `functions`, relock's function library where the server takes it) and checks
+    /// that the user may run them on keys and channels under `prefix` (see
     /// [`check_access`]), within `timeout`. If the connection never came up, the timeout reports
     /// fred's last connection error (a TLS handshake that failed, a connection reset) rather than a
     /// bare [`Error::Timeout`].
@@ -264,6 +268,7 @@ impl Node {
         eviction: EvictionCheck,
         timeout: Duration,
         prefix: &str,
+        functions: bool,
     ) -> Result<(), Error> {
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
         let link = &self.link;
@@ -297,9 +302,14 @@ impl Node {
             let info = link.topology.server_info(&link.client, &link.options).await?;
             self.check(&info, eviction).await?;
             let primaries = link.topology.primaries(&link.client, &link.options);
+            let mut functions = functions;
             for primary in &primaries {
                 scripts().load_all(primary).await?;
+                if functions {
+                    functions = install_library(primary).await?;
+                }
             }
+            link.functions.store(functions, Ordering::Relaxed);
             if let Some((sync, _)) = &link.sync {
                 topology::check_wait(&link.topology.primaries(sync, &link.options)).await?;
             }
@@ -836,6 +846,27 @@ async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &
     };
     futures::future::try_join(script, channel).await?;
     Ok(())
+}
+
+/// Loads relock's function library on `primary` and checks that it runs (see
+/// [`Library`](crate::scripts::Library)): false where the server has no functions (before Redis
+/// 7.0) or the user may not load or call them.
+async fn install_library(primary: &impl ClientLike) -> Result<bool, Error> {
+    match library().install(primary).await {
+        Ok(()) => Ok(true),
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled
+            ) =>
+        {
+            Err(Error::Redis(err))
+        }
+        Err(err) => {
+            tracing::debug!(error = %err, "no function library: the batch scripts run by EVALSHA");
+            Ok(false)
+        }
+    }
 }
 
 /// A failed connect check, saying what was checked.

@@ -277,13 +277,16 @@ async fn a_new_token_is_the_server_clock_in_microseconds() {
 /// The acquisitions of one batch call share one reading of the server's clock (`TIME` costs about
 /// as much as a small command): one lock taken, released and taken again by other owners in one
 /// call, as a batch may carry it, still draws rising tokens, and the call reads the clock once.
-/// The plain batch script as relock composes it, with the arguments relock sends.
+/// The batch function of relock's library as relock composes it, with the arguments relock sends:
+/// one clock reading per call, shared by the call's acquisitions, and read anew by the next call
+/// (the library's state outlives a call).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens() {
-    use fred::interfaces::LuaInterface;
+    use fred::interfaces::FunctionInterface;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
-    let body = support::BATCH_PLAIN_SCRIPT;
+    let (_, function, code) = support::batch_library();
+    server.cmd(&["FUNCTION", "LOAD", &code]);
     let lock = lock_key(&unique_name("one-call"));
     let fence = format!("{lock}:fence");
     let channel = format!("{lock}:released");
@@ -294,49 +297,84 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
         args.extend(["r", owner, "0", &channel].map(String::from));
     }
     let time_before = server.command_calls("time");
-    let reply: Vec<i64> = admin.eval(body, keys, args).await.expect("eval");
+    let reply: Vec<i64> = admin
+        .fcall(function.as_str(), keys.clone(), args.clone())
+        .await
+        .expect("fcall");
     assert_eq!(server.command_calls("time") - time_before, 1, "one clock reading");
-    // Per operation: its item count, then its items; an acquisition's are {1, previous, token}.
-    let (mut at, mut tokens) = (0, Vec::new());
-    while at < reply.len() {
-        let items = &reply[at + 1..at + 1 + reply[at] as usize];
-        if items.len() == 3 {
-            assert_eq!(items[0], 1, "granted: {reply:?}");
-            tokens.push(items[2]);
-        } else {
-            assert_eq!(items[0], 2, "released: {reply:?}");
+    let tokens = |reply: &[i64]| {
+        // Per operation: its item count, then its items; an acquisition's are {1, previous, token}.
+        let (mut at, mut tokens) = (0, Vec::new());
+        while at < reply.len() {
+            let items = &reply[at + 1..at + 1 + reply[at] as usize];
+            if items.len() == 3 {
+                assert_eq!(items[0], 1, "granted: {reply:?}");
+                tokens.push(items[2]);
+            } else {
+                assert_eq!(items[0], 2, "released: {reply:?}");
+            }
+            at += 1 + items.len();
         }
-        at += 1 + items.len();
-    }
-    assert_eq!(tokens.len(), 3, "{reply:?}");
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+        tokens
+    };
+    let first = tokens(&reply);
+    assert_eq!(first.len(), 3, "{reply:?}");
+    assert!(first.windows(2).all(|w| w[0] < w[1]), "{first:?}");
     assert!(!server.exists(&lock));
+
+    // 50 ms later, the next call's tokens follow the clock (in µs), not the first call's reading.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let reply: Vec<i64> = admin.fcall(function.as_str(), keys, args).await.expect("fcall");
+    let second = tokens(&reply);
+    assert!(
+        second[0] >= first[2] + 40_000,
+        "the second call reused the first one's clock: {first:?} then {second:?}"
+    );
 }
 
-/// The copy of the plain batch script that this file and the bench run without the library
-/// (`support::BATCH_PLAIN_SCRIPT`) is the script relock itself runs: after an acquisition and a
-/// release through relock, the copy's SHA is in the server's script cache, where it was not before.
+/// The copy of relock's function library that tests and the bench load (`support::batch_library`)
+/// is the library relock loads: a fresh server has none, and after an acquisition and a release
+/// through relock it has exactly that one (name and code), and its function ran. With
+/// `redis_functions(false)` nothing is loaded and the scripts run by `EVALSHA`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_support_copy_of_the_plain_batch_script_is_the_one_relock_runs() {
-    use fred::interfaces::LuaInterface;
+async fn the_support_copy_of_the_function_library_is_the_one_relock_loads() {
     let server = RedisServer::start();
-    let admin = support::fred_client(&server.url()).await;
-    let sha = fred::util::sha1_hash(support::BATCH_PLAIN_SCRIPT);
-    let cached: Vec<bool> = admin.script_exists(sha.clone()).await.expect("SCRIPT EXISTS");
-    assert_eq!(cached, vec![false], "a fresh server has no scripts");
+    assert!(support::function_libraries(&server).is_empty(), "a fresh server");
     let client = LockClient::connect(&server.url()).await.expect("connect");
-    let guard = client
-        .lock(&unique_name("copy"))
-        .acquire()
-        .await
-        .expect("acquire");
+    let name = unique_name("copy");
+    let guard = client.lock(&name).acquire().await.expect("acquire");
     guard.release().await.expect("release");
-    let cached: Vec<bool> = admin.script_exists(sha).await.expect("SCRIPT EXISTS");
+    let (library, _, code) = support::batch_library();
+    assert_eq!(support::function_libraries(&server), vec![library.clone()]);
+    let Reply::Array(listed) = server.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", &library, "WITHCODE"]) else {
+        panic!("FUNCTION LIST");
+    };
+    let Some(Reply::Array(fields)) = listed.first() else {
+        panic!("FUNCTION LIST: {listed:?}");
+    };
+    let loaded = fields
+        .chunks(2)
+        .find(|pair| pair[0].as_str() == Some("library_code"))
+        .and_then(|pair| pair[1].as_str());
     assert_eq!(
-        cached,
-        vec![true],
-        "relock ran another plain batch script than the copy"
+        loaded,
+        Some(code.as_str()),
+        "relock loaded other code than the copy"
     );
+    // The connect check, then the acquisition and the release.
+    assert!(server.command_calls("fcall") >= 3, "the function never ran");
+    client.shutdown().await;
+
+    let server = RedisServer::start();
+    let config = LockConfig::default().redis_functions(false);
+    let client = LockClient::connect_with(&server.url(), config)
+        .await
+        .expect("connect");
+    let guard = client.lock(&name).acquire().await.expect("acquire");
+    guard.release().await.expect("release");
+    assert!(support::function_libraries(&server).is_empty());
+    assert_eq!(server.command_calls("fcall"), 0);
+    assert!(server.command_calls("evalsha") >= 2);
     client.shutdown().await;
 }
 
@@ -714,6 +752,17 @@ async fn script_flush_and_a_restart_are_survived() {
         .release()
         .await
         .unwrap();
+    // The function library too: loaded again on the next call.
+    server.cmd(&["FUNCTION", "FLUSH"]);
+    client
+        .lock(&name)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(support::function_libraries(&server).len(), 1, "loaded again");
 
     server.restart();
     let deadline = Instant::now() + Duration::from_secs(15);

@@ -219,7 +219,7 @@ async fn steady_acquisitions_need_no_fence_write_back() {
         last = guard.fencing_token();
         guard.release().await.unwrap();
     }
-    let calls = || servers.iter().map(|s| s.command_calls("evalsha")).sum::<u64>();
+    let calls = || servers.iter().map(|s| s.script_calls()).sum::<u64>();
     let before = calls();
     const CYCLES: u64 = 20;
     for _ in 0..CYCLES {

@@ -61,14 +61,27 @@ async fn reentry_keeps_a_hold_that_a_majority_backs() {
 }
 
 /// 2. A call that met an empty script cache is not resent behind later calls: a release that was
-/// given up must never land after the same owner's next acquisition.
+/// given up must never land after the same owner's next acquisition. Both ways relock runs its
+/// batch: by `EVALSHA` (`SCRIPT FLUSH`; the reload answers a 40-byte SHA) and as a function of its
+/// library (`FUNCTION FLUSH`; the reload answers the library's name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_noscript_release_never_lands_after_the_next_grant() {
+    noscript_release(false, &["SCRIPT", "FLUSH"], b"$40\r\n").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_found_no_function_never_lands_after_the_next_grant() {
+    let (library, _, _) = support::batch_library();
+    noscript_release(true, &["FUNCTION", "FLUSH"], library.as_bytes()).await;
+}
+
+async fn noscript_release(functions: bool, flush: &[&str], reload_reply: &[u8]) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port()).await;
     let config = LockConfig::default()
         .watchdog_timeout(Duration::from_secs(20))
-        .command_timeout(Duration::from_millis(200));
+        .command_timeout(Duration::from_millis(200))
+        .redis_functions(functions);
     let client = LockClient::connect_with(&proxy.url(), config.clone())
         .await
         .unwrap();
@@ -77,10 +90,14 @@ async fn a_noscript_release_never_lands_after_the_next_grant() {
     let lock = client.lock(&name);
 
     let guard = lock.acquire().await.unwrap();
-    server.cmd(&["SCRIPT", "FLUSH"]);
-    // The reply to the SCRIPT LOAD that follows the release's NOSCRIPT (a 40-byte SHA) comes late,
-    // after the release has timed out and the next acquisition was sent.
-    proxy.delay_reply_once(b"$40\r\n", Duration::from_millis(400));
+    server.cmd(flush);
+    // The reply to the reload that follows the release's NOSCRIPT comes late, after the release
+    // has timed out and the next acquisition was sent.
+    proxy.delay_reply_once(reload_reply, Duration::from_millis(400));
+    let reloads = (
+        server.command_calls("script|load"),
+        server.command_calls("function|load"),
+    );
     drop(guard);
     // Replies queue behind the late one, so an attempt may time out: try again, as a caller would.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -100,6 +117,19 @@ async fn a_noscript_release_never_lands_after_the_next_grant() {
     let stolen = other.lock(&name).try_acquire().await.unwrap();
     assert!(stolen.is_none(), "a second client was granted the lock");
     again.release().await.unwrap();
+    // The flushed cache was loaded again: the case this test is about happened.
+    let after = (
+        server.command_calls("script|load"),
+        server.command_calls("function|load"),
+    );
+    assert!(
+        if functions {
+            after.1 > reloads.1
+        } else {
+            after.0 > reloads.0
+        },
+        "no reload: {reloads:?} then {after:?}"
+    );
 }
 
 /// 3. The news of a lost lease comes when the lease runs out, not when a hung renewal gives up.

@@ -151,7 +151,13 @@ async fn rediss_to_a_plaintext_port_fails_promptly_and_sends_no_command() {
     let Reply::Str(stats) = server.cmd(&["INFO", "commandstats"]) else {
         panic!("INFO");
     };
-    for command in ["cmdstat_script", "cmdstat_evalsha", "cmdstat_info"] {
+    for command in [
+        "cmdstat_script",
+        "cmdstat_evalsha",
+        "cmdstat_fcall",
+        "cmdstat_function",
+        "cmdstat_info",
+    ] {
         assert!(!stats.contains(command), "the server ran {command}:\n{stats}");
     }
 }
@@ -254,6 +260,8 @@ const MINIMAL_ACL: &[&str] = &[
     "-@all",
     "+evalsha",
     "+script|load",
+    "+fcall",
+    "+function|load",
     "+info",
     "+exists",
     "+subscribe",
@@ -330,6 +338,53 @@ async fn a_user_denied_evalsha_fails_at_connect() {
     let url = acl_user(&server, "noscript", &with(&["-script|load"]));
     let err = failed_connect(&url).await.to_string();
     assert!(err.contains("NOPERM") && err.contains("script"), "{err}");
+}
+
+/// A user without `FCALL` and `FUNCTION LOAD` (the minimal ACL of relock before it ran a function
+/// library) works as before: the batch scripts run by `EVALSHA`, and no library is left on the
+/// server. And a user who loses them while connected: when its server lost the library
+/// (`FUNCTION FLUSH`), the refused reload turns the node to `EVALSHA` and the call is made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_functions_runs_the_scripts() {
+    let server = RedisServer::start();
+    let url = acl_user(&server, "nofunctions", &with(&["-fcall", "-function|load"]));
+    let client = LockClient::connect_with(&url, LockConfig::default())
+        .await
+        .expect("connect without functions");
+    let fcalls = server.command_calls("fcall");
+    let exists = |key: &str| server.exists(key);
+    hold_reenter_and_hand_over(&client, exists).await;
+    assert_eq!(
+        server.command_calls("fcall"),
+        fcalls,
+        "no FCALL after the connect check"
+    );
+    assert!(support::function_libraries(&server).is_empty());
+    client.shutdown().await;
+
+    let url = acl_user(&server, "losesfunctions", MINIMAL_ACL);
+    let client = LockClient::connect_with(&url, LockConfig::default())
+        .await
+        .expect("connect");
+    let name = unique_name("refused-reload");
+    let lock = client.lock(&name);
+    lock.acquire()
+        .await
+        .expect("acquire")
+        .release()
+        .await
+        .expect("release");
+    let fcalls = server.command_calls("fcall");
+    assert!(fcalls >= 2, "the library's function ran");
+    acl_user(&server, "losesfunctions", &with(&["-fcall", "-function|load"]));
+    server.cmd(&["FUNCTION", "FLUSH"]);
+    let guard = lock.acquire().await.expect("acquire after the library was lost");
+    let token = guard.fencing_token();
+    guard.release().await.expect("release");
+    assert!(token > 0);
+    assert!(!server.exists(&lock_key(&name)));
+    assert!(support::function_libraries(&server).is_empty());
+    client.shutdown().await;
 }
 
 /// The connect check's error for a refused `SUBSCRIBE`: the server's `NOPERM`, or (when fred dropped

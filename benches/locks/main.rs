@@ -13,11 +13,12 @@
 //!
 //! Workloads, by their `--only` names:
 //!
-//! - `floor`: a bare `tokio::net::TcpStream` running relock's batch script (acquire, then release:
+//! - `floor`: a bare `tokio::net::TcpStream` running relock's batch function (acquire, then release:
 //!   two round trips per cycle, one in flight), directly and through a driver task as client
-//!   libraries do, and `redis-benchmark -c 1` of `SET` and the acquire script.
-//! - `ceiling`: `redis-benchmark -c 50` of the acquire and release scripts, without and with
-//!   pipelining, and fred's `EVALSHA` round trip.
+//!   libraries do, and `redis-benchmark -c 1` of `SET` and an acquisition.
+//! - `ceiling`: `redis-benchmark -c 50` of acquisitions and releases (`FCALL` of relock's library, as
+//!   relock runs them on Redis 7.0 and later), without and with pipelining, and fred's `FCALL`
+//!   round trip.
 //! - `uncontended`: each task cycles on a lock of its own, 1, 16 and 256 tasks; beside the peers, the
 //!   thinnest lock on fred itself (`SET NX PX`, a compare-and-delete script), not a peer: what the
 //!   driver costs below anything relock adds.

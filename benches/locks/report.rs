@@ -71,7 +71,7 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
     let fred_rtt = figure(
         rows,
         Workload::Ceiling,
-        Library::FredEvalsha,
+        Library::FredFcall,
         Params::OneInFlight,
         Metric::RttP50Us,
     );
@@ -104,7 +104,7 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
     }
     if let (Some(p50), Some(rtt)) = (relock(u, Params::Tasks(1), Metric::AcquireP50Us), fred_rtt) {
         out.push(target(
-            "uncontended 1 task: acquire p50 <= 1.2x fred EVALSHA rtt",
+            "uncontended 1 task: acquire p50 <= 1.2x fred FCALL rtt",
             format!("{:.2}x", p50 / rtt),
             p50 <= 1.2 * rtt,
         ));

@@ -64,7 +64,7 @@ pub enum Library {
     Redlock,
     AsyncRedisLock,
     RedisBenchmark,
-    FredEvalsha,
+    FredFcall,
     /// The thinnest lock on relock's driver: `SET NX PX` and a compare-and-delete script through
     /// one fred client, no relock (not a peer: it shows what fred itself costs per cycle).
     FredSetNx,
@@ -83,7 +83,7 @@ impl Library {
             Library::Redlock => "redlock",
             Library::AsyncRedisLock => "async-redis-lock",
             Library::RedisBenchmark => "redis-benchmark",
-            Library::FredEvalsha => "fred EVALSHA",
+            Library::FredFcall => "fred FCALL",
             Library::FredSetNx => "fred SET NX (relock's driver, no relock)",
             Library::BareTcp => "bare TcpStream",
         }

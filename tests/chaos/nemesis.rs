@@ -18,7 +18,7 @@ pub enum Fault {
     KillHolder,
     /// SIGSTOP of a worker that holds a lock, past its lease (the GC pause), then SIGCONT.
     StopHolder,
-    /// `SCRIPT FLUSH` on the servers, with the replies of the reloads held back.
+    /// `SCRIPT FLUSH` and `FUNCTION FLUSH` on the servers, with the replies of the reloads held back.
     ScriptFlush,
     /// Added latency on one worker's connections.
     Latency,
@@ -225,16 +225,24 @@ impl Nemesis {
                 tokio::time::sleep(lease + Duration::from_millis(1500)).await;
             }
             Fault::ScriptFlush => {
-                // The reloads that follow (`SCRIPT LOAD` answers a 40-byte SHA) answer late on every
-                // link, past the request timeouts: a call resent after them would run behind later
-                // calls (safety review, finding 2).
+                // The reloads that follow answer late on every link, past the request timeouts: a
+                // call resent after them would run behind later calls (safety review, finding 2).
+                // Both caches go; the late reply is, by turns, `SCRIPT LOAD`'s (a 40-byte SHA) or
+                // `FUNCTION LOAD`'s (the library's name: the batch runs as its function).
+                let (library, _, _) = crate::support::batch_library();
+                let late: &[u8] = if self.rng.below(2) == 0 {
+                    b"$40\r\n"
+                } else {
+                    library.as_bytes()
+                };
                 for proxies in &cluster.proxies {
                     for proxy in proxies {
-                        proxy.delay_reply_once(b"$40\r\n", Duration::from_millis(400));
+                        proxy.delay_reply_once(late, Duration::from_millis(400));
                     }
                 }
                 for server in cluster.lock_servers() {
                     server.cmd(&["SCRIPT", "FLUSH"]);
+                    server.cmd(&["FUNCTION", "FLUSH"]);
                 }
             }
             Fault::Latency => {

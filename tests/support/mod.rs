@@ -171,6 +171,12 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
+    /// How many script calls the server ran: `EVALSHA` and `FCALL` (the batch runs as a function of
+    /// relock's library where the server has them).
+    pub fn script_calls(&self) -> u64 {
+        self.command_calls("evalsha") + self.command_calls("fcall")
+    }
+
     pub fn exists(&self, key: &str) -> bool {
         self.cmd(&["EXISTS", key]).as_int() == Some(1)
     }
@@ -442,16 +448,55 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
-/// relock's batch script for plain locks as the library composes it (`BATCH_PLAIN` in
-/// `src/scripts.rs`), for tests and benches that run it without the library.
-pub const BATCH_PLAIN_SCRIPT: &str = concat!(
+/// The functions of relock's batch script as the library composes them (`BATCH_FUNCTIONS` in
+/// `src/scripts.rs`): the helpers and the functions of every operation.
+pub const BATCH_FUNCTIONS: &str = concat!(
     include_str!("../../scripts/prelude.lua"),
     include_str!("../../scripts/acquire.lua"),
     include_str!("../../scripts/release.lua"),
+    include_str!("../../scripts/rw_read.lua"),
+    include_str!("../../scripts/rw_write.lua"),
+    include_str!("../../scripts/rw_write_release.lua"),
+    include_str!("../../scripts/rw_unmark.lua"),
+    include_str!("../../scripts/fair_acquire.lua"),
+    include_str!("../../scripts/fair_release.lua"),
+    include_str!("../../scripts/fair_leave.lua"),
     include_str!("../../scripts/transfer.lua"),
     include_str!("../../scripts/transfer_granted.lua"),
-    include_str!("../../scripts/batch.lua")
 );
+
+/// relock's function library as the library composes it (`Library` in `src/scripts.rs`): its
+/// name, the name of its batch function, and its code (for `FUNCTION LOAD`).
+pub fn batch_library() -> (String, String, String) {
+    let batch = include_str!("../../scripts/batch.lua");
+    let hash = &fred::util::sha1_hash(&format!("{BATCH_FUNCTIONS}{batch}"))[..16];
+    let name = format!("relock_{hash}");
+    let (function, releases) = (format!("relock_batch_{hash}"), format!("relock_releases_{hash}"));
+    let code = format!(
+        "#!lua name={name}\n{BATCH_FUNCTIONS}\nlocal function run_batch(KEYS, ARGV)\n{batch}\nend\n\
+         redis.register_function('{function}', run_batch)\n\
+         redis.register_function{{function_name = '{releases}', callback = run_batch, flags = {{'allow-oom'}}}}\n"
+    );
+    (name, function, code)
+}
+
+/// The names of the function libraries on `server` (`FUNCTION LIST`).
+pub fn function_libraries(server: &RedisServer) -> Vec<String> {
+    let Reply::Array(libraries) = server.cmd(&["FUNCTION", "LIST"]) else {
+        panic!("FUNCTION LIST");
+    };
+    libraries
+        .iter()
+        .filter_map(|library| match library {
+            // Each library: a flat list of field names and values.
+            Reply::Array(fields) => fields
+                .chunks(2)
+                .find(|pair| pair[0].as_str() == Some("library_name"))
+                .and_then(|pair| pair[1].as_str().map(str::to_string)),
+            _ => None,
+        })
+        .collect()
+}
 
 /// The Redis key of the lock `name` under the default prefix.
 pub fn lock_key(name: &str) -> String {

@@ -1,9 +1,9 @@
 //! What a lock cycle cannot beat on this machine. `floor`: a bare `tokio::net::TcpStream` with
-//! hand-written RESP running relock's batch script, one acquire and then one release per cycle, one
+//! hand-written RESP running relock's batch (as relock runs it: `FCALL` of its library's function), one acquire and then one release per cycle, one
 //! request in flight (two round trips per cycle, as a lock cycle), once from the loop's own task and
 //! once through a driver task that owns the connection (as fred's and redis-rs's clients do); and
 //! `redis-benchmark -c 1` of a plain `SET` and of the acquire script. `ceiling`: what Redis runs of
-//! the same scripts with 50 connections, with and without pipelining, and fred's `EVALSHA` round trip.
+//! the same function with 50 connections, with and without pipelining, and fred's `FCALL` round trip.
 //!
 //! On this 2-vCPU VM one request in flight mostly waits for an idle vCPU to wake up: the direct
 //! loop measured ~60 µs per round trip alone and ~15 µs with another thread keeping a vCPU busy. So
@@ -24,26 +24,31 @@ use crate::rows::{histogram, micros, BenchCommand, Library, Metric, Params, Row,
 use crate::support::RedisServer;
 use crate::Mode;
 
-/// relock's batch script (acquisitions and releases go through it; batches of one here, under load
-/// relock puts many operations in one call), loaded on `server`: its SHA.
-fn load_batch_script(server: &RedisServer) -> String {
-    server
-        .cmd(&["SCRIPT", "LOAD", crate::support::BATCH_PLAIN_SCRIPT])
-        .as_str()
-        .expect("SCRIPT LOAD")
-        .to_string()
+/// relock's batch function (acquisitions and releases go through it, as relock runs them on Redis
+/// 7.0 and later; batches of one here, under load relock puts many operations in one call), its
+/// library loaded on `server` (or found there): the function's name.
+fn load_batch_function(server: &RedisServer) -> String {
+    let (_, function, code) = crate::support::batch_library();
+    match server.cmd(&["FUNCTION", "LOAD", &code]) {
+        crate::support::Reply::Str(_) => {}
+        crate::support::Reply::Err(err) if err.contains("already exists") => {}
+        other => panic!("FUNCTION LOAD: {other:?}"),
+    }
+    function
 }
 
-/// The batch script's arguments for one acquisition of `key` by `owner` (target count 1).
-fn acquire_args<'a>(sha: &'a str, key: &'a str, fence: &'a str, owner: &'a str) -> Vec<&'a str> {
+/// The batch function's arguments for one acquisition of `key` by `owner` (target count 1).
+fn acquire_args<'a>(function: &'a str, key: &'a str, fence: &'a str, owner: &'a str) -> Vec<&'a str> {
     vec![
-        "EVALSHA", sha, "2", key, fence, "1", "PUBLISH", "a", owner, "30000", "1",
+        "FCALL", function, "2", key, fence, "1", "PUBLISH", "a", owner, "30000", "1",
     ]
 }
 
-/// The batch script's arguments for one release of `key` by `owner` (down to 0, announced).
-fn release_args<'a>(sha: &'a str, key: &'a str, owner: &'a str, channel: &'a str) -> Vec<&'a str> {
-    vec!["EVALSHA", sha, "1", key, "1", "PUBLISH", "r", owner, "0", channel]
+/// The batch function's arguments for one release of `key` by `owner` (down to 0, announced).
+fn release_args<'a>(function: &'a str, key: &'a str, owner: &'a str, channel: &'a str) -> Vec<&'a str> {
+    vec![
+        "FCALL", function, "1", key, "1", "PUBLISH", "r", owner, "0", channel,
+    ]
 }
 
 /// Where the RESP reply starting at `at` ends, if `buf` holds all of it.
@@ -125,11 +130,11 @@ impl Transport {
 }
 
 /// Lock cycles of two round trips (acquire, then release) over `transport` for `run`.
-async fn floor_cycles(run: Duration, server: &RedisServer, sha: &str, mut transport: Transport) -> Row {
+async fn floor_cycles(run: Duration, server: &RedisServer, function: &str, mut transport: Transport) -> Row {
     let (key, fence) = ("relock:{floor}", "relock:{floor}:fence");
     let (owner, channel) = ("floor-owner:1", "relock:{floor}:released");
-    let acquire: Arc<[u8]> = crate::support::encode(&acquire_args(sha, key, fence, owner)).into();
-    let release: Arc<[u8]> = crate::support::encode(&release_args(sha, key, owner, channel)).into();
+    let acquire: Arc<[u8]> = crate::support::encode(&acquire_args(function, key, fence, owner)).into();
+    let release: Arc<[u8]> = crate::support::encode(&release_args(function, key, owner, channel)).into();
     let (mut rtt, mut acquire_rtt) = (histogram(), histogram());
     let ((cycles, elapsed), cost) = measured(&[server], async {
         let start = Instant::now();
@@ -165,17 +170,17 @@ async fn floor_cycles(run: Duration, server: &RedisServer, sha: &str, mut transp
         .metric(Metric::CyclesPerS, cycles as f64 / elapsed.as_secs_f64())
         .percentiles(Metric::RttP50Us, Metric::RttP99Us, &rtt)
         .median(Metric::AcquireP50Us, &acquire_rtt)
-        .note("relock's batch script, acquire then release: 2 round trips per cycle");
+        .note("relock's batch function, acquire then release: 2 round trips per cycle");
     cost.add_to(row, cycles, Per::Cycle)
 }
 
-/// The p50 round trip of the direct `floor` loop (relock's batch script on a bare `TcpStream`, one
+/// The p50 round trip of the direct `floor` loop (relock's batch function on a bare `TcpStream`, one
 /// request in flight) over `run`, in µs: the round trip that workloads outside `floor` count their
 /// idle gaps in.
 pub async fn round_trip_p50(server: &RedisServer, run: Duration) -> Option<f64> {
-    let sha = load_batch_script(server);
+    let function = load_batch_function(server);
     let transport = Transport::connect(server, false).await;
-    floor_cycles(run, server, &sha, transport)
+    floor_cycles(run, server, &function, transport)
         .await
         .get(Metric::RttP50Us)
 }
@@ -213,10 +218,10 @@ fn redis_benchmark(port: u16, clients: usize, requests: usize, pipeline: usize, 
 /// The floor rows: a bare TcpStream doing lock cycles of two round trips, and redis-benchmark with
 /// one connection.
 pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
-    let sha = load_batch_script(server);
+    let function = load_batch_function(server);
     for driver in [false, true] {
         let transport = Transport::connect(server, driver).await;
-        rows.push(floor_cycles(mode.run, server, &sha, transport).await);
+        rows.push(floor_cycles(mode.run, server, &function, transport).await);
     }
 
     let requests = if mode.quick { 20_000 } else { 100_000 };
@@ -229,7 +234,7 @@ pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
         requests,
         1,
         &acquire_args(
-            &sha,
+            &function,
             "relock:{f__rand_int__}",
             "relock:{f__rand_int__}:fence",
             "bench-owner",
@@ -255,13 +260,18 @@ pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
 
 /// The most Redis does with the same scripts on this machine, and fred's round trip.
 pub async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
-    let sha = load_batch_script(server);
+    let function = load_batch_function(server);
     let requests = if mode.quick { 50_000 } else { 400_000 };
     let (key, fence) = ("relock:{__rand_int__}", "relock:{__rand_int__}:fence");
     for pipeline in [1usize, 16] {
         let bench = |args: &[&str]| redis_benchmark(server.port(), 50, requests, pipeline, args).0;
-        let acq = bench(&acquire_args(&sha, key, fence, "bench-owner"));
-        let rel = bench(&release_args(&sha, key, "bench-owner", "relock:bench:released"));
+        let acq = bench(&acquire_args(&function, key, fence, "bench-owner"));
+        let rel = bench(&release_args(
+            &function,
+            key,
+            "bench-owner",
+            "relock:bench:released",
+        ));
         let cycles = if acq > 0.0 && rel > 0.0 {
             1.0 / (1.0 / acq + 1.0 / rel)
         } else {
@@ -282,25 +292,25 @@ pub async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             .metric(Metric::CyclesPerS, cycles),
         );
     }
-    // One fred connection, one EVALSHA at a time: the round trip through fred's own client.
+    // One fred connection, one FCALL at a time: the round trip through fred's own client.
     let client = crate::support::fred_client(&server.url()).await;
     let mut h = histogram();
     let deadline = Instant::now() + mode.run;
     while Instant::now() < deadline {
-        use fred::interfaces::LuaInterface;
+        use fred::interfaces::FunctionInterface;
         let t = Instant::now();
         let _: Vec<Vec<i64>> = client
-            .evalsha(
-                sha.as_str(),
+            .fcall(
+                function.as_str(),
                 vec!["relock:{rtt}", "relock:{rtt}:fence"],
                 vec!["1", "PUBLISH", "a", "rtt-owner", "30000", "2"],
             )
             .await
-            .expect("evalsha");
+            .expect("fcall");
         h.record(micros(t.elapsed())).ok();
     }
     rows.push(
-        Row::new(Workload::Ceiling, Library::FredEvalsha, Params::OneInFlight).percentiles(
+        Row::new(Workload::Ceiling, Library::FredFcall, Params::OneInFlight).percentiles(
             Metric::RttP50Us,
             Metric::RttP99Us,
             &h,
