@@ -379,10 +379,7 @@ async fn round(link: Arc<NodeClient>, batch: Vec<(Op, Reply)>) {
         .map(|group| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
         .collect();
     // One script for the round: the plain one only if every call can take it.
-    let script = batch_script(
-        calls.iter().all(|call| call.plain),
-        calls.iter().all(|call| call.releases),
-    );
+    let script = batch_script(calls.iter().all(|call| call.plain));
     let calls = calls.into_iter().map(|call| (call.keys, call.args)).collect();
     let results = link.call_many::<Vec<Value>>(script, calls).await;
     for (group, result) in groups.into_iter().zip(results) {
@@ -405,26 +402,20 @@ struct Call {
     /// Every operation is a plain lock's: the lighter [`BATCH_PLAIN`](crate::scripts::BATCH_PLAIN)
     /// runs them.
     plain: bool,
-    /// Every operation is a release (see [`Function::Releases`](crate::scripts::Function)).
-    releases: bool,
 }
 
-/// The batch script for calls of which `plain` says whether all are plain, and `releases` whether
-/// all are releases only.
-fn batch_script(plain: bool, releases: bool) -> &'static Script {
-    let scripts = scripts();
-    match (plain, releases) {
-        (true, false) => &scripts.batch_plain,
-        (false, false) => &scripts.batch,
-        (true, true) => &scripts.batch_plain_releases,
-        (false, true) => &scripts.batch_releases,
+/// The batch script for calls of which `plain` says whether all are plain.
+fn batch_script(plain: bool) -> &'static Script {
+    if plain {
+        &scripts().batch_plain
+    } else {
+        &scripts().batch
     }
 }
 
 /// The call of the batch script for `ops`.
 fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str) -> Call {
     let mut plain = true;
-    let mut releases = true;
     let mut keys = Vec::with_capacity(ops.len() * 2);
     let mut args = Vec::with_capacity(2 + ops.len() * 4);
     args.push(Value::from(ops.len() as i64));
@@ -479,7 +470,6 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                     }
                 };
                 plain &= matches!(code, "a" | "q");
-                releases = false;
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
@@ -540,7 +530,6 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 lease_ms,
                 granted,
             } => {
-                releases = false;
                 keys.extend([Key::from(lock), Key::from(fence)]);
                 let (op, last) = match granted {
                     // The token as digits: the script compares it with the fence as a string.
@@ -557,12 +546,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
             }
         }
     }
-    Call {
-        keys,
-        args,
-        plain,
-        releases,
-    }
+    Call { keys, args, plain }
 }
 
 /// Hands each operation of one call its reply.
@@ -635,7 +619,7 @@ async fn undo_unsynced(
     }
     let call = encode(undos.iter(), link.topology.publish());
     if let Err(err) = link
-        .call_unwaited::<Vec<Value>>(batch_script(call.plain, call.releases), call.keys, call.args)
+        .call_unwaited::<Vec<Value>>(batch_script(call.plain), call.keys, call.args)
         .await
     {
         // The caller's background undo (it got an error) sets these holds right once it can.

@@ -9,13 +9,12 @@ use std::task::Poll;
 use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
-use fred::error::ErrorKind;
 use fred::interfaces::ClientLike;
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, Key, Value};
 
 use crate::deadline::Deadlines;
-use crate::scripts::{library, Script};
+use crate::scripts::{self, library, Script};
 use crate::topology::{self, Topology};
 use crate::Error;
 
@@ -58,9 +57,9 @@ pub(crate) struct NodeClient {
     /// timeout that leaves room for the wait.
     pub(crate) sync: Option<(WithOptions<Client>, SyncReplicas)>,
     /// The batch scripts run as relock's library's function (`FCALL`, see
-    /// [`Library`](crate::scripts::Library)): set when
-    /// the node connects and every primary took the library, cleared if a primary that lost it
-    /// refuses it again.
+    /// [`Library`](crate::scripts::Library)): set when the node connects and every primary took the
+    /// library; cleared for good when a server refuses the function or a reload of the library, or
+    /// refuses the function out of memory.
     pub(crate) functions: AtomicBool,
 }
 
@@ -189,32 +188,42 @@ impl NodeClient {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
-        let function = match script.function {
-            Some(function) if self.functions.load(Ordering::Relaxed) => function,
-            _ => return script.run(client, keys, args).await,
+        if !(script.batch && self.functions.load(Ordering::Relaxed)) {
+            return script.run(client, keys, args).await;
+        }
+        let slot = scripts::slot_of(&keys);
+        let err = match library().call(client, keys, args).await {
+            Err(err) => err,
+            done => return done,
         };
-        let slot = crate::scripts::slot_of(&keys);
-        let result = library().call(function, client, keys, args).await;
-        if let Err(err) = &result {
-            // A server that lost the library (a restart without persistence, `FUNCTION FLUSH`) gets
-            // it again. One that refuses the function or the reload (its user's rights changed, an
-            // older server in its place) turns this node to the scripts. Either way this call did
-            // not run, and its caller makes it again (`scripts::not_run`).
-            let mut refused = crate::scripts::is_function_refused(err);
-            if crate::scripts::is_function_missing(err) {
-                tracing::debug!("function library missing, loading it again");
-                if let Err(load) = library().load(client, ClusterHash::Custom(slot)).await {
-                    refused = !matches!(
-                        load.kind(),
-                        ErrorKind::IO | ErrorKind::Timeout | ErrorKind::Canceled
-                    );
+        // Each case below is an `FCALL` the server refused before it ran: its caller makes it again
+        // (`scripts::not_run`), by script where this node turned to scripts.
+        if scripts::is_function_missing(&err) {
+            // The server lost the library (a restart without persistence, `FUNCTION FLUSH`): loaded
+            // again for later calls, unless the server refuses that too.
+            tracing::debug!("function library missing, loading it again");
+            if let Err(load) = library().load(client, ClusterHash::Custom(slot)).await {
+                if scripts::is_function_refused(&load) {
+                    self.turn_to_scripts(&load);
                 }
             }
-            if refused && self.functions.swap(false, Ordering::Relaxed) {
-                tracing::warn!(error = %err, "relock's function library is refused here: the scripts run instead");
-            }
+            return Err(err);
         }
-        result
+        // Refused for good (the user's rights changed, an older server in its place), or out of
+        // memory: a function is refused whole there, where a script runs until its first write
+        // that needs memory (so its releases still run).
+        if scripts::is_function_refused(&err) || err.details().starts_with("OOM") {
+            self.turn_to_scripts(&err);
+            return Err(scripts::not_run_by_function(&err));
+        }
+        Err(err)
+    }
+
+    /// From now on this node runs the batch scripts, not the library's function.
+    fn turn_to_scripts(&self, why: &fred::error::Error) {
+        if self.functions.swap(false, Ordering::Relaxed) {
+            tracing::warn!(error = %why, "relock's function library is refused here: the scripts run instead");
+        }
     }
 
     fn sync_options(&self, replicas: &SyncReplicas) -> Options {

@@ -850,7 +850,8 @@ async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &
 
 /// Loads relock's function library on `primary` and checks that it runs (see
 /// [`Library`](crate::scripts::Library)): false where the server has no functions (before Redis
-/// 7.0) or the user may not load or call them.
+/// 7.0), the user may not load or call them, or the server refuses them for now (out of memory,
+/// say: the scripts serve then).
 async fn install_library(primary: &impl ClientLike) -> Result<bool, Error> {
     match library().install(primary).await {
         Ok(()) => Ok(true),

@@ -1,4 +1,5 @@
-//! The Lua scripts of `scripts/`, loaded once and run by `EVALSHA`.
+//! The Lua scripts of `scripts/`, loaded once and run by `EVALSHA`; the batch script also as a
+//! function of relock's own library, run by `FCALL` where the server has it (see [`Library`]).
 
 use fred::bytes_utils::Str;
 use fred::error::Error as RedisError;
@@ -11,20 +12,8 @@ pub(crate) struct Script {
     body: &'static str,
     /// Shared bytes: each call's argument is a clone without a copy.
     sha: Str,
-    /// A batch script: the function of [`Library`] that runs the same calls where the server has
-    /// it.
-    pub(crate) function: Option<Function>,
-}
-
-/// The functions of [`Library`]: both run a batch (`batch.lua`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Function {
-    /// Any batch. Like every function without flags, the server refuses it up front while it is
-    /// out of memory (`maxmemory`, an `OOM` error).
-    Batch,
-    /// A batch of releases only (flag `allow-oom`): they free memory, and run out of memory too, as
-    /// the script's releases do (a script is refused only at its first write that needs memory).
-    Releases,
+    /// A batch script: [`Library`]'s function runs the same calls where the server has it.
+    pub(crate) batch: bool,
 }
 
 /// `EVALSHA` as a custom command, so that it runs with the per-command options of the caller's
@@ -40,14 +29,14 @@ impl Script {
             name,
             body,
             sha: Str::from(fred::util::sha1_hash(body)),
-            function: None,
+            batch: false,
         }
     }
 
-    /// A batch script, run as `function` where the server has relock's library.
-    fn batch(name: &'static str, body: &'static str, function: Function) -> Script {
+    /// A batch script (see [`Script::batch`]).
+    fn batch(name: &'static str, body: &'static str) -> Script {
         Script {
-            function: Some(function),
+            batch: true,
             ..Script::new(name, body)
         }
     }
@@ -99,9 +88,20 @@ impl Script {
 }
 
 /// Whether a call failed because the server did not have the script (`NOSCRIPT`) or relock's
-/// function, or the user may not call functions (see [`Library`]): it did not run.
+/// function, or refused the function (see [`not_run_by_function`]): it did not run.
 pub(crate) fn is_noscript(err: &RedisError) -> bool {
-    err.details().starts_with("NOSCRIPT") || is_function_missing(err) || is_function_refused(err)
+    let details = err.details();
+    details.starts_with("NOSCRIPT") || details.starts_with(REFUSED_FUNCTION) || is_function_missing(err)
+}
+
+/// The start of the error of an `FCALL` that the server refused (see [`not_run_by_function`]).
+const REFUSED_FUNCTION: &str = "relock's function was refused, not run: ";
+
+/// The error of an `FCALL` refused before it ran, for the caller to make again (by script): the
+/// server's own text is no mark of that (a script's write refused out of memory answers the same
+/// `OOM` as a function refused up front).
+pub(crate) fn not_run_by_function(err: &RedisError) -> RedisError {
+    RedisError::new(err.kind().clone(), format!("{REFUSED_FUNCTION}{}", err.details()))
 }
 
 /// Whether an `FCALL` failed because the server does not have the function.
@@ -109,9 +109,14 @@ pub(crate) fn is_function_missing(err: &RedisError) -> bool {
     err.details().starts_with("ERR Function not found")
 }
 
-/// Whether an `FCALL` was refused to the user (an ACL without `+fcall`).
+/// Whether an `FCALL` or `FUNCTION LOAD` was refused for good: to the user (an ACL without them:
+/// `NOPERM`, the command named), or by a server without functions (before Redis 7.0).
 pub(crate) fn is_function_refused(err: &RedisError) -> bool {
-    err.details().starts_with("NOPERM") && err.details().contains("'fcall'")
+    let details = err.details().to_ascii_lowercase();
+    (details.starts_with("noperm")
+        && (details.contains("'fcall' command") || details.contains("'function|load' command")))
+        || details.contains("unknown command 'fcall'")
+        || details.contains("unknown command 'function'")
 }
 
 /// The slot of a call's first key (every key of a call is in one slot): where a cluster runs it.
@@ -122,42 +127,42 @@ pub(crate) fn slot_of(keys: &[Key]) -> u16 {
 }
 
 /// relock's Redis Functions library (Redis 7.0 and later): the batch script's functions, defined
-/// once per server, and two functions that run a batch (`batch.lua`) with the batch script's keys
-/// and arguments (see [`Function`]).
+/// once per server, and one function that runs a batch (`batch.lua`) with the batch script's keys,
+/// arguments and reply.
 ///
 /// Why: every call of a script runs its whole text, so a call of the batch script first defines
 /// each of its Lua functions anew. A function of a library calls functions defined when the
-/// library was loaded. On a loopback server that saved about 2-3 µs of the server's CPU per call.
+/// library was loaded. Alternated with the scripts on one server (2026-11-26), it saved 4-6 % of
+/// the server's CPU per lock cycle.
 ///
-/// The library's name and its function's carry a hash of the code, so that clients of different
-/// relock versions on one server each find their own. It is loaded by `FUNCTION LOAD` when a node
-/// connects (see `Node::init`), stays on the server (in its RDB and AOF, and on its replicas) and
-/// is loaded again where a call finds it missing (a restart without persistence, `FUNCTION
-/// FLUSH`). Where the server has no functions (before 7.0) or the user may not load or call them,
-/// the node runs the batch scripts by `EVALSHA` instead.
+/// The library's name and its function's carry a hash of the library's code, so that clients of
+/// different relock versions on one server each find their own. It is loaded by `FUNCTION LOAD`
+/// when a node connects (see `Node::init`), stays on the server (in its RDB and AOF, and on its
+/// replicas) and is loaded again where a call finds it missing (a restart without persistence,
+/// `FUNCTION FLUSH`). Where the server has no functions (before 7.0) or the user may not load or
+/// call them, the node runs the batch scripts by `EVALSHA` instead, and also from the first call
+/// that a server out of memory refuses: a function without flags is refused whole (`OOM`), where
+/// a script is refused only at its first write that needs memory, so its releases still run.
 pub(crate) struct Library {
-    /// [`Function::Batch`]: `relock_batch_` and the code's hash.
-    batch: Str,
-    /// [`Function::Releases`]: `relock_releases_` and the code's hash.
-    releases: Str,
+    /// The function: `relock_batch_` and the code's hash.
+    function: Str,
     code: String,
 }
 
 impl Library {
     fn new() -> Library {
-        let hash = &fred::util::sha1_hash(BATCH)[..16];
-        let name = format!("relock_{hash}");
-        let (batch, releases) = (format!("relock_batch_{hash}"), format!("relock_releases_{hash}"));
-        // batch.lua is the body of both functions: KEYS and ARGV are its arguments, as the
-        // script's globals are.
-        let code = format!(
-            "#!lua name={name}\n{BATCH_FUNCTIONS}\nlocal function run_batch(KEYS, ARGV)\n{BATCH_LOOP}\nend\n\
-             redis.register_function('{batch}', run_batch)\n\
-             redis.register_function{{function_name = '{releases}', callback = run_batch, flags = {{'allow-oom'}}}}\n"
+        // batch.lua is the body of the function: KEYS and ARGV are its arguments, as the script's
+        // globals are. The hash is of the code with a placeholder for itself.
+        let template = format!(
+            "#!lua name=relock_#\n{BATCH_FUNCTIONS}\nredis.register_function('relock_batch_#', \
+             function(KEYS, ARGV)\n{BATCH_LOOP}\nend)\n"
         );
+        let hash = &fred::util::sha1_hash(&template)[..16];
+        let code = template
+            .replacen("name=relock_#", &format!("name=relock_{hash}"), 1)
+            .replacen("'relock_batch_#'", &format!("'relock_batch_{hash}'"), 1);
         Library {
-            batch: Str::from(batch),
-            releases: Str::from(releases),
+            function: Str::from(format!("relock_batch_{hash}")),
             code,
         }
     }
@@ -183,7 +188,7 @@ impl Library {
         let empty = || async {
             let fcall = CustomCommand::new_static("FCALL", ClusterHash::Random, false);
             let args = vec![
-                Value::String(self.batch.clone()),
+                Value::String(self.function.clone()),
                 Value::from(0),
                 Value::from(0),
                 Value::from_static_str("PUBLISH"),
@@ -202,22 +207,18 @@ impl Library {
         Ok(())
     }
 
-    /// Runs `function` (`FCALL`) once: the same keys, arguments and reply as a call of the batch
+    /// Runs the function (`FCALL`) once: the same keys, arguments and reply as a call of the batch
     /// script. A server without the function answers an error [`is_noscript`] knows (the caller
     /// loads the library again). Not resent, as [`Script::run`] is not.
     pub(crate) async fn call<R: FromValue, C: ClientLike>(
         &self,
-        function: Function,
         client: &C,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
         let slot = slot_of(&keys);
         let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::String(match function {
-            Function::Batch => self.batch.clone(),
-            Function::Releases => self.releases.clone(),
-        }));
+        call.push(Value::String(self.function.clone()));
         call.push(Value::from(keys.len() as i64));
         call.extend(keys.into_iter().map(Value::from));
         call.extend(args);
@@ -304,10 +305,6 @@ pub(crate) const BATCH_PLAIN: &str = concat!(
 pub(crate) struct Scripts {
     pub(crate) batch: Script,
     pub(crate) batch_plain: Script,
-    /// The batch scripts again, for calls of releases only: as scripts the same, as functions
-    /// [`Function::Releases`].
-    pub(crate) batch_releases: Script,
-    pub(crate) batch_plain_releases: Script,
     pub(crate) renew: Script,
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
@@ -327,11 +324,9 @@ impl Scripts {
     fn new() -> Scripts {
         Scripts {
             // acquire.lua and release.lua define the functions that batch.lua runs.
-            batch: Script::batch("batch", BATCH, Function::Batch),
+            batch: Script::batch("batch", BATCH),
             // The same name in figures and logs: which batch script ran is a detail.
-            batch_plain: Script::batch("batch", BATCH_PLAIN, Function::Batch),
-            batch_releases: Script::batch("batch", BATCH, Function::Releases),
-            batch_plain_releases: Script::batch("batch", BATCH_PLAIN, Function::Releases),
+            batch_plain: Script::batch("batch", BATCH_PLAIN),
             renew: Script::new("renew", include_str!("../scripts/renew.lua")),
             force_unlock: Script::new("force_unlock", with_prelude!("force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
@@ -362,7 +357,6 @@ impl Scripts {
     /// Loads every script into a server's cache (`SCRIPT LOAD`): the client's options name the
     /// server on a cluster.
     pub(crate) async fn load_all<C: ClientLike>(&self, client: &C) -> Result<(), RedisError> {
-        // The two `_releases` are the same scripts.
         for script in [
             &self.batch,
             &self.batch_plain,

@@ -342,49 +342,71 @@ async fn a_user_denied_evalsha_fails_at_connect() {
 
 /// A user without `FCALL` and `FUNCTION LOAD` (the minimal ACL of relock before it ran a function
 /// library) works as before: the batch scripts run by `EVALSHA`, and no library is left on the
-/// server. And a user who loses them while connected: when its server lost the library
-/// (`FUNCTION FLUSH`), the refused reload turns the node to `EVALSHA` and the call is made again.
+/// server. So does one allowed `FCALL` but not `FUNCTION LOAD`, on a server without the library. And
+/// a user who loses either while connected: when the server lost the library (`FUNCTION FLUSH`),
+/// the refused reload turns the node to `EVALSHA`; a refused `FCALL` does the same. Each time the
+/// call that found the function missing or refused is made again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_functions_runs_the_scripts() {
     let server = RedisServer::start();
-    let url = acl_user(&server, "nofunctions", &with(&["-fcall", "-function|load"]));
-    let client = LockClient::connect_with(&url, LockConfig::default())
-        .await
-        .expect("connect without functions");
-    let fcalls = server.command_calls("fcall");
-    let exists = |key: &str| server.exists(key);
-    hold_reenter_and_hand_over(&client, exists).await;
-    assert_eq!(
-        server.command_calls("fcall"),
-        fcalls,
-        "no FCALL after the connect check"
-    );
-    assert!(support::function_libraries(&server).is_empty());
-    client.shutdown().await;
+    for (user, denied) in [
+        ("nofunctions", &["-fcall", "-function|load"][..]),
+        ("noload", &["-function|load"][..]),
+    ] {
+        let url = acl_user(&server, user, &with(denied));
+        let client = LockClient::connect_with(&url, LockConfig::default())
+            .await
+            .expect("connect without functions");
+        let fcalls = server.command_calls("fcall");
+        let exists = |key: &str| server.exists(key);
+        hold_reenter_and_hand_over(&client, exists).await;
+        assert_eq!(
+            server.command_calls("fcall"),
+            fcalls,
+            "{user}: FCALL after the connect check"
+        );
+        assert!(support::function_libraries(&server).is_empty(), "{user}");
+        client.shutdown().await;
+    }
 
-    let url = acl_user(&server, "losesfunctions", MINIMAL_ACL);
-    let client = LockClient::connect_with(&url, LockConfig::default())
-        .await
-        .expect("connect");
-    let name = unique_name("refused-reload");
-    let lock = client.lock(&name);
-    lock.acquire()
-        .await
-        .expect("acquire")
-        .release()
-        .await
-        .expect("release");
-    let fcalls = server.command_calls("fcall");
-    assert!(fcalls >= 2, "the library's function ran");
-    acl_user(&server, "losesfunctions", &with(&["-fcall", "-function|load"]));
-    server.cmd(&["FUNCTION", "FLUSH"]);
-    let guard = lock.acquire().await.expect("acquire after the library was lost");
-    let token = guard.fencing_token();
-    guard.release().await.expect("release");
-    assert!(token > 0);
-    assert!(!server.exists(&lock_key(&name)));
-    assert!(support::function_libraries(&server).is_empty());
-    client.shutdown().await;
+    for (user, denied, flush) in [
+        ("loseslibrary", &["-function|load"][..], true),
+        ("losesfcall", &["-fcall"][..], false),
+    ] {
+        let url = acl_user(&server, user, MINIMAL_ACL);
+        let client = LockClient::connect_with(&url, LockConfig::default())
+            .await
+            .expect("connect");
+        let name = unique_name("refused");
+        let lock = client.lock(&name);
+        lock.acquire()
+            .await
+            .expect("acquire")
+            .release()
+            .await
+            .expect("release");
+        assert!(
+            !support::function_libraries(&server).is_empty(),
+            "{user}: no library loaded"
+        );
+        acl_user(&server, user, &with(denied));
+        if flush {
+            server.cmd(&["FUNCTION", "FLUSH"]);
+        }
+        let scripts = server.command_calls("evalsha");
+        let guard = lock
+            .acquire()
+            .await
+            .expect("acquire after the function was refused");
+        assert!(guard.fencing_token() > 0);
+        guard.release().await.expect("release");
+        assert!(!server.exists(&lock_key(&name)), "{user}");
+        assert!(
+            server.command_calls("evalsha") >= scripts + 2,
+            "{user}: not run by script"
+        );
+        client.shutdown().await;
+    }
 }
 
 /// The connect check's error for a refused `SUBSCRIBE`: the server's `NOPERM`, or (when fred dropped

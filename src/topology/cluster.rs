@@ -3,7 +3,8 @@
 //! allowed no redirections, see `scripts::is_redirect`): such a request did not run, and relock
 //! makes it again where fred's refreshed slot map says; a reply lost with its connection is never
 //! resent, since fred makes each request once. Every script call touches one slot: batches and
-//! renewals are grouped by slot. Scripts are loaded on every primary, and again where one answers `NOSCRIPT`.
+//! renewals are grouped by slot. Scripts and the function library are loaded on every primary, and
+//! again where one answers `NOSCRIPT` or `Function not found`.
 //! Release messages use sharded pub/sub on Redis ≥ 7 (see `waiters.rs`).
 
 use fred::clients::{Client, WithOptions};

@@ -468,15 +468,15 @@ pub const BATCH_FUNCTIONS: &str = concat!(
 /// relock's function library as the library composes it (`Library` in `src/scripts.rs`): its
 /// name, the name of its batch function, and its code (for `FUNCTION LOAD`).
 pub fn batch_library() -> (String, String, String) {
-    let batch = include_str!("../../scripts/batch.lua");
-    let hash = &fred::util::sha1_hash(&format!("{BATCH_FUNCTIONS}{batch}"))[..16];
-    let name = format!("relock_{hash}");
-    let (function, releases) = (format!("relock_batch_{hash}"), format!("relock_releases_{hash}"));
-    let code = format!(
-        "#!lua name={name}\n{BATCH_FUNCTIONS}\nlocal function run_batch(KEYS, ARGV)\n{batch}\nend\n\
-         redis.register_function('{function}', run_batch)\n\
-         redis.register_function{{function_name = '{releases}', callback = run_batch, flags = {{'allow-oom'}}}}\n"
+    let template = format!(
+        "#!lua name=relock_#\n{BATCH_FUNCTIONS}\nredis.register_function('relock_batch_#', function(KEYS, ARGV)\n{}\nend)\n",
+        include_str!("../../scripts/batch.lua")
     );
+    let hash = &fred::util::sha1_hash(&template)[..16];
+    let (name, function) = (format!("relock_{hash}"), format!("relock_batch_{hash}"));
+    let code = template
+        .replacen("name=relock_#", &format!("name={name}"), 1)
+        .replacen("'relock_batch_#'", &format!("'{function}'"), 1);
     (name, function, code)
 }
 
