@@ -165,6 +165,14 @@ pub enum Per {
 }
 
 impl Cost {
+    /// Adds another run's cost.
+    pub fn add(&mut self, other: &Cost) {
+        self.redis_cpu_s += other.redis_cpu_s;
+        self.redis_cmds += other.redis_cmds;
+        self.client_cpu_s += other.client_cpu_s;
+        self.client_csw += other.client_csw;
+    }
+
     /// Adds the cost per cycle (or section) of `count` of them to `row`.
     pub fn add_to(&self, row: Row, count: u64, per: Per) -> Row {
         if count == 0 {

@@ -21,7 +21,9 @@
 //!   round trip.
 //! - `uncontended`: each task cycles on a lock of its own, 1, 16 and 256 tasks; beside the peers, the
 //!   thinnest lock on fred itself (`SET NX PX`, a compare-and-delete script), not a peer: what the
-//!   driver costs below anything relock adds.
+//!   driver costs below anything relock adds. The libraries of each task count (and of each quorum
+//!   size in `redlock`) run interleaved, in 250 ms slices taken in turn, so that their ratios
+//!   compare the same moments of a machine whose speed drifts.
 //! - `contended`: 2, 8 and 32 tasks on one lock with an empty critical section (measures barging).
 //! - `hot`: one hot lock with a 1 ms critical section, 8, 64 and 512 contenders over 4 clients,
 //!   each peer at its default retry settings and polling tightly.

@@ -90,6 +90,14 @@ pub async fn run<C: Contender>(
 }
 
 impl Run {
+    /// Adds another run of the same library: its counts, time and cost (see
+    /// `uncontended::interleaved`).
+    pub fn merge(&mut self, other: Run) {
+        self.tally.merge(other.tally);
+        self.elapsed += other.elapsed;
+        self.cost.add(&other.cost);
+    }
+
     fn rate(&self) -> f64 {
         self.tally.count as f64 / self.elapsed.as_secs_f64()
     }

@@ -1,9 +1,14 @@
 //! Uncontended cycles: every task acquires and releases a lock of its own, on one server at 1, 16
-//! and 256 tasks, and as a Redlock quorum over 1, 3 and 5 masters with one task.
+//! and 256 tasks, and as a Redlock quorum over 1, 3 and 5 masters with one task. The libraries of
+//! a row group run interleaved (see [`interleaved`]).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
 use relock::{LockClient, MultiLock, QuorumConfig};
 
-use super::{run, Shape};
+use super::{run, Run, Shape};
 use crate::peers::{
     arl_options, redlock_client, rslock_manager, Arl, FredSetNx, Redlock, Relock, Rslock, FRED_RELEASE,
 };
@@ -14,62 +19,160 @@ use crate::Mode;
 /// redlock opens a TCP connection per call: past this many threads it runs out of ports.
 const REDLOCK_MAX_TASKS: usize = 16;
 
-/// The peers' cycles over `urls` (several: a quorum), `tasks` tasks on locks named after `base`.
-async fn peer_cycles(
+/// How long each library runs at a time in [`interleaved`].
+const SLICE: Duration = Duration::from_millis(250);
+
+/// A slice's run (see [`Entrant`]).
+type SliceRun<'a> = Pin<Box<dyn Future<Output = Run> + 'a>>;
+
+/// One library's cycles, run a slice at a time: each call runs its tasks for the given time.
+struct Entrant<'a> {
+    slice: Box<dyn FnMut(Duration) -> SliceRun<'a> + 'a>,
+}
+
+impl<'a> Entrant<'a> {
+    /// `contenders` makes the tasks of one slice: `tasks` cycling tasks on `servers`.
+    fn new<C: crate::peers::Contender>(
+        servers: &'a [&'a RedisServer],
+        mut contenders: impl FnMut() -> Vec<C> + 'a,
+    ) -> Entrant<'a> {
+        Entrant {
+            slice: Box::new(move |time| Box::pin(run(servers, time, contenders(), Shape::Cycles))),
+        }
+    }
+}
+
+/// Runs every entrant for `total` in all, in slices of about [`SLICE`], taking turns (the order
+/// rotates each round), and merges each one's slices. On this shared 2-vCPU machine the speed
+/// drifts by a factor of two within minutes; rows run one after the other compared moments of
+/// different speed (a 1-task row once cost the server 2.45× rslock's in one run and 1.64× in the
+/// run before), while interleaved ones meet the same moments.
+async fn interleaved(total: Duration, mut entrants: Vec<Entrant<'_>>) -> Vec<Run> {
+    let slices = (total.as_millis() / SLICE.as_millis()).max(1) as u32;
+    let time = total / slices;
+    let mut runs: Vec<Option<Run>> = entrants.iter().map(|_| None).collect();
+    for round in 0..slices as usize {
+        for k in 0..entrants.len() {
+            let i = (round + k) % entrants.len();
+            let slice = (entrants[i].slice)(time).await;
+            match &mut runs[i] {
+                Some(total) => total.merge(slice),
+                None => runs[i] = Some(slice),
+            }
+        }
+    }
+    runs.into_iter().map(|r| r.expect("one slice at least")).collect()
+}
+
+/// The rows of one group: relock (through `lock`), fred `SET NX` on one server, and the peers,
+/// interleaved; `tasks` tasks on locks named after `base`, over `servers` (several: a quorum).
+async fn cycle_rows(
     mode: &Mode,
     servers: &[&RedisServer],
     workload: Workload,
     params: Params,
     tasks: usize,
-    base: &str,
+    lock: &(dyn Fn(&str) -> relock::Lock + Sync),
     rows: &mut Vec<Row>,
 ) {
+    let base = support::unique_name("u");
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
-    let manager = rslock_manager(&urls, Retry::Default);
-    let contenders = (0..tasks)
-        .map(|i| Rslock {
-            manager: manager.clone(),
-            key: format!("{base}:r{i}"),
-        })
-        .collect();
-    let r = run(servers, mode.run, contenders, Shape::Cycles).await;
-    rows.push(r.cycles_row(workload, params));
+    let quorum = workload == Workload::Redlock;
+    let names = |kind: &str| -> Vec<String> { (0..tasks).map(|i| format!("{base}:{kind}{i}")).collect() };
+    let (relock_names, fred_names, rs_names, arl_names, redlock_names) =
+        (names("l"), names("f"), names("r"), names("a"), names("s"));
 
-    // async-redis-lock locks one node: no quorum rows.
-    if workload != Workload::Redlock {
-        let locker = async_redis_lock::Locker::from_redis_url(&urls[0])
-            .await
-            .expect("async-redis-lock");
-        let contenders = (0..tasks)
-            .map(|i| Arl {
-                locker: locker.clone(),
-                key: format!("{base}:a{i}"),
-                options: arl_options(Retry::Default),
-            })
-            .collect();
-        let r = run(servers, mode.run, contenders, Shape::Cycles).await;
-        rows.push(r.cycles_row(workload, params));
+    // The thinnest lock on fred, one client shared by the tasks as relock's are: one server only.
+    let fred = if quorum {
+        None
     } else {
+        use fred::interfaces::LuaInterface;
+        let client = support::fred_client(&urls[0]).await;
+        let sha: String = client.script_load(FRED_RELEASE).await.expect("SCRIPT LOAD");
+        Some((client, std::sync::Arc::<str>::from(sha)))
+    };
+    let manager = rslock_manager(&urls, Retry::Default);
+    // async-redis-lock locks one node: no quorum rows.
+    let locker = if quorum {
+        None
+    } else {
+        Some(
+            async_redis_lock::Locker::from_redis_url(&urls[0])
+                .await
+                .expect("async-redis-lock"),
+        )
+    };
+    let redlock = (tasks <= REDLOCK_MAX_TASKS).then(|| redlock_client(&urls));
+
+    // In the order of the rows.
+    let mut entrants = vec![Entrant::new(servers, || {
+        relock_names.iter().map(|name| Relock(lock(name))).collect()
+    })];
+    if let Some((client, sha)) = &fred {
+        entrants.push(Entrant::new(&servers[..1], || {
+            fred_names
+                .iter()
+                .map(|key| FredSetNx {
+                    client: client.clone(),
+                    key: key.clone(),
+                    release_sha: sha.clone(),
+                })
+                .collect()
+        }));
+    }
+    entrants.push(Entrant::new(servers, || {
+        rs_names
+            .iter()
+            .map(|key| Rslock {
+                manager: manager.clone(),
+                key: key.clone(),
+            })
+            .collect()
+    }));
+    if let Some(locker) = &locker {
+        entrants.push(Entrant::new(servers, || {
+            arl_names
+                .iter()
+                .map(|key| Arl {
+                    locker: locker.clone(),
+                    key: key.clone(),
+                    options: arl_options(Retry::Default),
+                })
+                .collect()
+        }));
+    }
+    if let Some(redlock) = &redlock {
+        entrants.push(Entrant::new(servers, || {
+            redlock_names
+                .iter()
+                .map(|key| Redlock {
+                    redlock: redlock.clone(),
+                    key: key.clone().into_bytes(),
+                })
+                .collect()
+        }));
+    }
+
+    for r in interleaved(mode.run, entrants).await {
+        rows.push(
+            r.cycles_row(workload, params)
+                .note("libraries interleaved in 250 ms slices"),
+        );
+    }
+    if quorum {
         rows.push(
             Row::new(workload, Library::AsyncRedisLock, params).note("not supported: single node only"),
         );
     }
-
-    if tasks <= REDLOCK_MAX_TASKS {
-        let client = redlock_client(&urls);
-        let contenders = (0..tasks)
-            .map(|i| Redlock {
-                redlock: client.clone(),
-                key: format!("{base}:s{i}").into_bytes(),
-            })
-            .collect();
-        let r = run(servers, mode.run, contenders, Shape::Cycles).await;
-        rows.push(r.cycles_row(workload, params));
-    } else {
+    if redlock.is_none() {
         rows.push(
             Row::new(workload, Library::Redlock, params)
                 .note("not run: synchronous, opens a TCP connection per call; 256 threads exhaust ports"),
         );
+    }
+    if let Some((client, _)) = fred {
+        use fred::interfaces::ClientLike;
+        let _ = client.quit().await;
     }
 }
 
@@ -91,36 +194,22 @@ pub async fn relock_cycles(
         .cycles_row(workload, params)
 }
 
-/// The thinnest lock on fred ([`FredSetNx`]), `tasks` tasks sharing one client as relock's do.
-async fn fred_cycles(mode: &Mode, server: &RedisServer, params: Params, tasks: usize, base: &str) -> Row {
-    use fred::interfaces::{ClientLike, LuaInterface};
-    let client = support::fred_client(&server.url()).await;
-    let sha: String = client.script_load(FRED_RELEASE).await.expect("SCRIPT LOAD");
-    let release_sha: std::sync::Arc<str> = sha.into();
-    let contenders = (0..tasks)
-        .map(|i| FredSetNx {
-            client: client.clone(),
-            key: format!("{base}:f{i}"),
-            release_sha: release_sha.clone(),
-        })
-        .collect();
-    let row = run(&[server], mode.run, contenders, Shape::Cycles)
-        .await
-        .cycles_row(Workload::Uncontended, params);
-    let _ = client.quit().await;
-    row
-}
-
 /// One server, 1, 16 and 256 tasks.
 pub async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     for tasks in [1usize, 16, 256] {
-        let params = Params::Tasks(tasks);
         let client = LockClient::connect(&server.url()).await.expect("connect");
-        rows.push(relock_cycles(mode, &[server], &client, Workload::Uncontended, params, tasks).await);
+        let lock = |name: &str| client.lock(name);
+        cycle_rows(
+            mode,
+            &[server],
+            Workload::Uncontended,
+            Params::Tasks(tasks),
+            tasks,
+            &lock,
+            rows,
+        )
+        .await;
         client.shutdown().await;
-        let base = support::unique_name("u");
-        rows.push(fred_cycles(mode, server, params, tasks, &base).await);
-        peer_cycles(mode, &[server], Workload::Uncontended, params, tasks, &base, rows).await;
     }
 }
 
@@ -130,18 +219,22 @@ pub async fn redlock_quorum(mode: &Mode, masters: &[RedisServer], rows: &mut Vec
         let servers: Vec<&RedisServer> = masters[..n].iter().collect();
         let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
         let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
-        let params = Params::Masters(n);
-        let base = support::unique_name("q");
-
         // The masters were started moments ago (and hold no locks): the restart quarantine would keep
         // them out of every quorum at first.
         let multi = MultiLock::connect_with(&refs, QuorumConfig::default().restart_quarantine(false))
             .await
             .expect("connect masters");
-        let r = run(&servers, mode.run, vec![Relock(multi.lock(&base))], Shape::Cycles).await;
-        rows.push(r.cycles_row(Workload::Redlock, params));
+        let lock = |name: &str| multi.lock(name);
+        cycle_rows(
+            mode,
+            &servers,
+            Workload::Redlock,
+            Params::Masters(n),
+            1,
+            &lock,
+            rows,
+        )
+        .await;
         multi.shutdown().await;
-
-        peer_cycles(mode, &servers, Workload::Redlock, params, 1, &base, rows).await;
     }
 }
