@@ -43,7 +43,7 @@ impl<'a> Entrant<'a> {
 }
 
 /// Runs every entrant for `total` in all, in slices of about [`SLICE`], taking turns (the order
-/// rotates each round), and merges each one's slices. On this shared 2-vCPU machine the speed
+/// rotates, and reverses every other round), and merges each one's slices. On this shared 2-vCPU machine the speed
 /// drifts by a factor of two within minutes; rows run one after the other compared moments of
 /// different speed (a 1-task row once cost the server 2.45× rslock's in one run and 1.64× in the
 /// run before), while interleaved ones meet the same moments.
@@ -51,9 +51,13 @@ async fn interleaved(total: Duration, mut entrants: Vec<Entrant<'_>>) -> Vec<Run
     let slices = (total.as_millis() / SLICE.as_millis()).max(1) as u32;
     let time = total / slices;
     let mut runs: Vec<Option<Run>> = entrants.iter().map(|_| None).collect();
+    let n = entrants.len();
     for round in 0..slices as usize {
-        for k in 0..entrants.len() {
-            let i = (round + k) % entrants.len();
+        for k in 0..n {
+            // Rotated each round, and backwards every other round: each library follows each other
+            // one in turn (the server's state after redlock's connection per call, say).
+            let k = if round % 2 == 0 { k } else { n - 1 - k };
+            let i = (round / 2 + k) % n;
             let slice = (entrants[i].slice)(time).await;
             match &mut runs[i] {
                 Some(total) => total.merge(slice),
