@@ -54,11 +54,7 @@ impl Script {
     ) -> Result<R, RedisError> {
         // Where the keys live: a cluster primary that lost the script gets it back.
         let slot = slot_of(&keys);
-        let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::String(self.sha.clone()));
-        call.push(Value::from(keys.len() as i64));
-        call.extend(keys.into_iter().map(Value::from));
-        call.extend(args);
+        let call = call_args(&self.sha, keys, args);
         crate::telemetry::redis_call(self.name);
         match client.custom::<R, Value>(evalsha(slot), call).await {
             Err(err) if is_noscript(&err) => {
@@ -117,6 +113,17 @@ pub(crate) fn is_function_refused(err: &RedisError) -> bool {
         && (details.contains("'fcall' command") || details.contains("'function|load' command")))
         || details.contains("unknown command 'fcall'")
         || details.contains("unknown command 'function'")
+}
+
+/// The arguments of `EVALSHA` or `FCALL`: the script's SHA or the function's name, the number of
+/// keys, the keys, the arguments.
+fn call_args(script: &Str, keys: Vec<Key>, args: Vec<Value>) -> Vec<Value> {
+    let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
+    call.push(Value::String(script.clone()));
+    call.push(Value::from(keys.len() as i64));
+    call.extend(keys.into_iter().map(Value::from));
+    call.extend(args);
+    call
 }
 
 /// The slot of a call's first key (every key of a call is in one slot): where a cluster runs it.
@@ -217,11 +224,7 @@ impl Library {
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
         let slot = slot_of(&keys);
-        let mut call: Vec<Value> = Vec::with_capacity(2 + keys.len() + args.len());
-        call.push(Value::String(self.function.clone()));
-        call.push(Value::from(keys.len() as i64));
-        call.extend(keys.into_iter().map(Value::from));
-        call.extend(args);
+        let call = call_args(&self.function, keys, args);
         crate::telemetry::redis_call("batch");
         let fcall = CustomCommand::new_static("FCALL", ClusterHash::Custom(slot), false);
         client.custom::<R, Value>(fcall, call).await

@@ -743,25 +743,12 @@ async fn script_flush_and_a_restart_are_survived() {
         .release()
         .await
         .unwrap();
-    server.cmd(&["SCRIPT", "FLUSH"]);
-    client
-        .lock(&name)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
-    // The function library too: loaded again on the next call.
-    server.cmd(&["FUNCTION", "FLUSH"]);
-    client
-        .lock(&name)
-        .acquire()
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap();
+    // The scripts, then the function library: each loaded again on the next call.
+    for flush in ["SCRIPT", "FUNCTION"] {
+        server.cmd(&[flush, "FLUSH"]);
+        let guard = client.lock(&name).acquire().await.unwrap();
+        guard.release().await.unwrap();
+    }
     assert_eq!(support::function_libraries(&server).len(), 1, "loaded again");
 
     server.restart();
