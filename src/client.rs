@@ -8,7 +8,7 @@ use crate::latch::CountDownLatch;
 use crate::link::SyncReplicas;
 use crate::lock::Lock;
 use crate::lock_set::LockSet;
-use crate::node::{EvictionCheck, Node};
+use crate::node::Node;
 use crate::quorum::Masters;
 use crate::semaphore::Semaphore;
 use crate::Error;
@@ -101,13 +101,7 @@ impl LockClient {
 
     async fn start(node: Node, config: LockConfig, owns_client: bool) -> Result<LockClient, Error> {
         let timeout = config.get_command_timeout();
-        node.init(
-            EvictionCheck::of(&config),
-            timeout,
-            config.get_key_prefix(),
-            config.get_redis_functions(),
-        )
-        .await?;
+        node.init(&config, timeout).await?;
         let masters = Masters {
             nodes: vec![Arc::new(node)],
             config: QuorumConfig::for_one_master(timeout),

@@ -192,7 +192,7 @@ impl NodeClient {
             return script.run(client, keys, args).await;
         }
         let slot = scripts::slot_of(&keys);
-        let err = match library().call(client, keys, args).await {
+        let err = match library().call(client, slot, keys, args).await {
             Err(err) => err,
             done => return done,
         };

@@ -9,7 +9,7 @@ use crate::core::Core;
 use crate::link::SyncReplicas;
 use crate::lock::Lock;
 use crate::lock_set::LockSet;
-use crate::node::{EvictionCheck, Node};
+use crate::node::Node;
 use crate::quorum::Masters;
 use crate::Error;
 
@@ -85,13 +85,8 @@ impl MultiLock {
             .collect::<Result<Vec<_>, _>>()?;
         check_distinct(&nodes)?;
         // Connecting may take longer than one request: it is bounded by the command timeout.
-        let eviction = EvictionCheck::of(&lock_config);
         let timeout = lock_config.get_command_timeout().max(config.node_timeout);
-        let prefix = lock_config.get_key_prefix();
-        let functions = lock_config.get_redis_functions();
-        let inits = nodes
-            .iter()
-            .map(|node| node.init(eviction, timeout, prefix, functions));
+        let inits = nodes.iter().map(|node| node.init(&lock_config, timeout));
         let results = futures::future::join_all(inits).await;
         if let Some(Err(err)) = results.iter().find(|r| matches!(r, Err(e) if e.is_bad_input())) {
             return Err(err.clone());

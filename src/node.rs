@@ -119,13 +119,13 @@ impl Health {
 
 /// How `Node::init` treats a server whose eviction policy may remove lock keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EvictionCheck {
+enum EvictionCheck {
     Warn,
     Refuse,
 }
 
 impl EvictionCheck {
-    pub(crate) fn of(config: &crate::LockConfig) -> EvictionCheck {
+    fn of(config: &crate::LockConfig) -> EvictionCheck {
         if config.get_strict_eviction() {
             EvictionCheck::Refuse
         } else {
@@ -257,19 +257,15 @@ impl Node {
         self.health.lock().run_id.clone()
     }
 
-    /// Connects the command client (if not connected yet), checks the server, loads the scripts
-    /// (and with `functions`, relock's function library where the server takes it) and checks
-    /// that the user may run them on keys and channels under `prefix` (see
+    /// Connects the command client (if not connected yet), checks the server (its eviction policy
+    /// as `config` asks), loads the scripts (and, unless `config` says otherwise, relock's function
+    /// library where the server takes it) and checks that the user may run them on keys and
+    /// channels under the key prefix (see
     /// [`check_access`]), within `timeout`. If the connection never came up, the timeout reports
     /// fred's last connection error (a TLS handshake that failed, a connection reset) rather than a
     /// bare [`Error::Timeout`].
-    pub(crate) async fn init(
-        &self,
-        eviction: EvictionCheck,
-        timeout: Duration,
-        prefix: &str,
-        functions: bool,
-    ) -> Result<(), Error> {
+    pub(crate) async fn init(&self, config: &crate::LockConfig, timeout: Duration) -> Result<(), Error> {
+        let (eviction, prefix) = (EvictionCheck::of(config), config.get_key_prefix());
         // fred retries a refused login like a lost connection; say so at once instead of timing out.
         let link = &self.link;
         let mut errors = link.client.error_rx();
@@ -302,7 +298,7 @@ impl Node {
             let info = link.topology.server_info(&link.client, &link.options).await?;
             self.check(&info, eviction).await?;
             let primaries = link.topology.primaries(&link.client, &link.options);
-            let mut functions = functions;
+            let mut functions = config.get_redis_functions();
             for primary in &primaries {
                 scripts().load_all(primary).await?;
                 if functions {

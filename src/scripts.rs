@@ -214,16 +214,17 @@ impl Library {
         Ok(())
     }
 
-    /// Runs the function (`FCALL`) once: the same keys, arguments and reply as a call of the batch
-    /// script. A server without the function answers an error [`is_noscript`] knows (the caller
-    /// loads the library again). Not resent, as [`Script::run`] is not.
+    /// Runs the function (`FCALL`) once, routed to `slot` (that of its keys, see [`slot_of`]): the
+    /// same keys, arguments and reply as a call of the batch script. A server without the function
+    /// answers an error [`is_noscript`] knows (the caller loads the library again). Not resent, as
+    /// [`Script::run`] is not.
     pub(crate) async fn call<R: FromValue, C: ClientLike>(
         &self,
         client: &C,
+        slot: u16,
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
-        let slot = slot_of(&keys);
         let call = call_args(&self.function, keys, args);
         crate::telemetry::redis_call("batch");
         let fcall = CustomCommand::new_static("FCALL", ClusterHash::Custom(slot), false);
