@@ -112,7 +112,7 @@ async fn task(read: relock::Lock, write: relock::Lock, seed: u64, deadline: Inst
             tally.sections += 1;
             tally.writes += u64::from(writes);
         }
-        peers::hold::<Relock>(HOT_SECTION).await;
+        peers::hold::<Relock>(granted, HOT_SECTION).await;
         tally.section.record(micros(granted.elapsed())).ok();
         if guard.release().await.is_err() {
             tally.failed_releases += 1;
