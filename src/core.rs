@@ -86,7 +86,7 @@ impl Core {
         jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     ) -> Core {
         let holds = Holds::new(config.get_metrics_lock_names());
-        let handoffs = Handoffs::new(config.get_handoff_limit());
+        let handoffs = Handoffs::new(config.get_handoff_limit(), config.get_handoff_window());
         Core {
             id: Uuid::new_v4(),
             masters,

@@ -18,8 +18,9 @@
 //!
 //! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
 //! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
-//! most [`handoff_limit`](crate::LockConfig::handoff_limit) handoffs of a lock follow each other;
-//! then a release frees the lock and publishes, so that other clients' waiters get their turn.
+//! most [`handoff_limit`](crate::LockConfig::handoff_limit) handoffs of a lock follow each other,
+//! over at most [`handoff_window`](crate::LockConfig::handoff_window); then a release frees the
+//! lock and publishes, so that other clients' waiters get their turn.
 //!
 //! Only where one script call decides: plain locks on one master without synced writes.
 
@@ -49,6 +50,7 @@ const YIELD_MAX: Duration = Duration::from_millis(20);
 pub(crate) struct Handoffs {
     queues: Mutex<HashMap<Str, Queue>>,
     limit: u32,
+    window: Duration,
     ids: AtomicU64,
     /// How long the last handoff's call took, in µs (see [`Core::early_grant`]).
     call_us: AtomicU64,
@@ -59,6 +61,11 @@ struct Queue {
     waiting: VecDeque<Candidate>,
     /// Handoffs of this lock since it was last freed by a release of this client.
     streak: u32,
+    /// When the first of them was made.
+    streak_start: Option<Instant>,
+    /// The streak has reached the limit or the window: the next release of this client frees the
+    /// lock. Kept once seen, so that the release's start and end agree (see [`Queue::full`]).
+    full: bool,
     /// The hold and generation the last handoff went to, until a release of this client frees
     /// the lock.
     holder: Option<(Arc<Hold>, u64)>,
@@ -75,6 +82,15 @@ struct Queue {
 }
 
 impl Queue {
+    /// Whether the streak has reached `limit` handoffs or lasted `window`; once it has, it stays
+    /// so until a release of this client frees the lock.
+    fn full(&mut self, limit: u32, window: Duration) -> bool {
+        if !self.full {
+            self.full = self.streak >= limit || self.streak_start.is_some_and(|at| at.elapsed() >= window);
+        }
+        self.full
+    }
+
     /// Nothing to remember: the entry can go.
     fn idle(&self) -> bool {
         self.waiting.is_empty()
@@ -151,21 +167,22 @@ impl Drop for Ending<'_> {
 }
 
 impl Handoffs {
-    pub(crate) fn new(limit: u32) -> Handoffs {
+    pub(crate) fn new(limit: u32, window: Duration) -> Handoffs {
         Handoffs {
             queues: Mutex::new(HashMap::new()),
             limit,
+            window,
             ids: AtomicU64::new(0),
             call_us: AtomicU64::new(0),
         }
     }
 
     /// The first waiter for `lock` still there, other than `owner`; `None` when there is none or
-    /// the lock was handed over `limit` times in a row.
+    /// the streak of handoffs is full (see [`Queue::full`]).
     fn next(&self, lock: &str, owner: &str) -> Option<Candidate> {
         let mut queues = self.queues.lock();
         let queue = queues.get_mut(lock)?;
-        if queue.streak >= self.limit {
+        if queue.full(self.limit, self.window) {
             return None;
         }
         let at = queue
@@ -179,6 +196,7 @@ impl Handoffs {
     fn handed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) {
         if let Some(queue) = self.queues.lock().get_mut(lock) {
             queue.streak += 1;
+            queue.streak_start.get_or_insert_with(Instant::now);
             queue.holder = Some((hold.clone(), gen));
         }
     }
@@ -242,7 +260,7 @@ impl Handoffs {
     pub(crate) fn ending(&self, lock: &Str) -> Option<Ending<'_>> {
         let mut queues = self.queues.lock();
         let queue = queues.get_mut(lock)?;
-        if self.limit == 0 || queue.streak < self.limit || queue.ending.is_some() {
+        if self.limit == 0 || !queue.full(self.limit, self.window) || queue.ending.is_some() {
             return None;
         }
         queue.ending = Some(watch::channel(false).0);
@@ -259,11 +277,13 @@ impl Handoffs {
     pub(crate) fn freed(&self, lock: &str, rtt: Duration, others: Option<bool>) {
         let mut queues = self.queues.lock();
         if let Some(queue) = queues.get_mut(lock) {
-            if queue.streak >= self.limit {
+            if queue.full || queue.streak >= self.limit {
                 queue.yield_until = Some(Instant::now() + (rtt * YIELD_RTTS).clamp(YIELD_MIN, YIELD_MAX));
                 queue.yield_woken = others == Some(true);
             }
             queue.streak = 0;
+            queue.streak_start = None;
+            queue.full = false;
             queue.holder = None;
             if queue.idle() {
                 queues.remove(lock);

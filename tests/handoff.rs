@@ -160,11 +160,27 @@ async fn a_limit_of_zero_frees_the_lock_on_every_release() {
 /// owner's next one); they hold back while other clients heard it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limit_lets_the_waiters_of_other_clients_in() {
+    // The section under way when the waiter came, then a streak (a fresh acquisition and 2
+    // handoffs): 4 sections at most before the first streak's end.
+    other_clients_get_in(config(2), 4).await;
+}
+
+/// The same with a limit that is never reached: the window ends each streak. Sections of 5 ms
+/// (6 ms as tokio's timer runs them) and a 12 ms window: the section under way, a fresh acquisition
+/// and the handoffs made within 12 ms of the first, 5 sections at most.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_lets_the_waiters_of_other_clients_in() {
+    other_clients_get_in(config(1_000_000).handoff_window(Duration::from_millis(12)), 5).await;
+}
+
+/// Three owners of one client take a lock in turn (5 ms sections) while an owner of another client
+/// acquires it 20 times: it should mostly get in within `first_end` sections of this client.
+async fn other_clients_get_in(config: LockConfig, first_end: usize) {
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     let server = RedisServer::start();
-    let name = unique_name("handoff-limit");
-    let here = client(&server, config(2)).await;
-    let there = client(&server, config(2)).await;
+    let name = unique_name("handoff-streak");
+    let here = client(&server, config.clone()).await;
+    let there = client(&server, config).await;
     let stop = Arc::new(AtomicBool::new(false));
     let sections = Arc::new(AtomicUsize::new(0));
     let tokens = Arc::new(Mutex::new(Vec::new()));
@@ -202,12 +218,11 @@ async fn the_limit_lets_the_waiters_of_other_clients_in() {
     for task in busy {
         task.await.unwrap();
     }
-    // The section under way when the waiter came, then a streak (a fresh acquisition and 2
-    // handoffs): 4 sections at most before the first streak's end. Without the hold-back, this
-    // client's waiter took the lock back at most ends: about 1 round in 5 got in at the first.
-    let first_end = passed.iter().filter(|&&n| n <= 4).count();
+    // Without the hold-back, this client's waiter took the lock back at most ends: about 1 round
+    // in 5 got in at the first.
+    let at_first_end = passed.iter().filter(|&&n| n <= first_end).count();
     assert!(
-        first_end >= passed.len() * 3 / 4,
+        at_first_end >= passed.len() * 3 / 4,
         "the other client mostly gets in at the first streak's end; sections passed: {passed:?}"
     );
     let tokens = tokens.lock().clone();
