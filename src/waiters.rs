@@ -4,7 +4,9 @@
 //! A waiter registers its interest in a lock's release channel and gets a [`Subscription`]. One
 //! background task per node owns the subscriber connection: it batches the `SUBSCRIBE`/`UNSUBSCRIBE`
 //! commands that the registrations call for, and turns each release message into a wake-up of one
-//! waiter of that channel (a latch's `*` message into a wake-up of all). Anything that may have lost
+//! waiter of that channel (a latch's `*` message into a wake-up of all). A channel that its last
+//! waiter left stays subscribed for [`LINGER`] to [`LINGER`] × 2 (one sweep of the task for all of
+//! them), so that a waiter that comes back soon finds it live. Anything that may have lost
 //! a message (a lagging receiver, a reconnect, a subscription just confirmed) wakes every waiter,
 //! who then simply try again; the holder's TTL bounds what a message lost any other way can cost.
 //!
@@ -32,9 +34,18 @@ use crate::topology::Kind;
 
 /// How often a cluster's slot map is re-read while anyone waits on it.
 pub(crate) const CLUSTER_SCAN: Duration = Duration::from_secs(1);
+
+/// How long a channel stays subscribed after its last waiter left, at least. On a hot lock whose
+/// contenders are few per client, a waiter granted by a handoff leaves the channel, and the owner
+/// that handed the lock over comes back to wait a moment later: had the channel gone, it would
+/// have to try (refused: another owner of this client holds the lock) and subscribe again, and
+/// the server would run four requests per critical section instead of one. A lingering channel
+/// costs the server nothing until a release on it is published.
+const LINGER: Duration = Duration::from_millis(500);
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
+use tokio::time::Instant;
 
 #[derive(Default)]
 struct Entry {
@@ -49,6 +60,8 @@ struct Entry {
     /// Waiters woken by name (a fair lock's: the message names whose turn it is), with how many
     /// subscriptions share each name.
     named: HashMap<Str, (usize, Arc<Notify>)>,
+    /// Since when nobody waits on it (it lingers, see [`LINGER`]).
+    idle_since: Option<Instant>,
 }
 
 impl Entry {
@@ -159,6 +172,12 @@ impl Waiters {
     pub(crate) fn subscribe(&self, channel: &Str, name: Option<&Str>) -> (Subscription, Armed, bool) {
         let mut channels = self.shared.channels.lock();
         let entry = channels.entry(channel.clone()).or_default();
+        if entry.idle_since.take().is_some() {
+            // A lingering channel taken up again: a wake-up stored by a message that nobody here
+            // waited for would wake this waiter for nothing. Whatever was published before its
+            // first attempt, the attempt sees.
+            entry.notify = Arc::new(Notify::new());
+        }
         entry.refs += 1;
         let notify = match name {
             Some(name) => {
@@ -218,7 +237,11 @@ impl Waiters {
 
     /// Whether a waiter of this client waits on `channel` (subscribed or on its way to it).
     pub(crate) fn waited_on(&self, channel: &Str) -> bool {
-        self.shared.channels.lock().contains_key(channel)
+        self.shared
+            .channels
+            .lock()
+            .get(channel)
+            .is_some_and(|entry| entry.refs > 0)
     }
 
     /// Wakes every waiter of every channel (shutdown).
@@ -252,6 +275,9 @@ impl Drop for Subscription {
         let now_unused = match channels.get_mut(&self.channel) {
             Some(entry) => {
                 entry.refs = entry.refs.saturating_sub(1);
+                if entry.refs == 0 {
+                    entry.idle_since = Some(Instant::now());
+                }
                 if let Some(name) = &self.name {
                     if let Some(named) = entry.named.get_mut(name) {
                         named.0 = named.0.saturating_sub(1);
@@ -291,6 +317,8 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
     let cluster = link.topology.kind() == Kind::Cluster;
+    // The next sweep of lingering channels, while there are any.
+    let mut sweep_at: Option<Instant> = None;
     while let Some(strong) = shared.upgrade() {
         let scan = async {
             // Only sharded subscriptions follow their slot (plain ones live on every node).
@@ -300,12 +328,26 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
                 std::future::pending().await
             }
         };
+        let sweep = async {
+            match sweep_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = strong.kick.notified() => {
                 if Arc::strong_count(&strong) == 1 {
                     break; // the node is gone and nobody waits any more
                 }
-                sync(&strong, &subscriber, &link).await;
+                if sync(&strong, &subscriber, &link).await {
+                    sweep_at.get_or_insert_with(|| Instant::now() + LINGER);
+                }
+            }
+            () = sweep => {
+                sweep_at = None;
+                if sync(&strong, &subscriber, &link).await {
+                    sweep_at = Some(Instant::now() + LINGER);
+                }
             }
             () = scan => follow_slots(&strong, &subscriber, &link).await,
             message = messages.recv() => match message {
@@ -330,6 +372,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
                     entry.sent = false;
                     entry.confirmed = false;
                 }
+                // Lingering channels are not subscribed again: they go here.
                 sync(&strong, &subscriber, &link).await;
                 wake_all(&strong);
             }
@@ -374,13 +417,19 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
 }
 
 /// Brings the server's subscriptions in line with the registered interest: two batched commands, or
-/// for sharded channels two per slot.
-async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
+/// for sharded channels two per slot. Channels that nobody has waited on for [`LINGER`] go; returns
+/// whether others linger still.
+async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) -> bool {
+    let mut lingering = false;
     let (subscribe, unsubscribe) = {
         let mut channels = shared.channels.lock();
         let mut unsubscribe = Vec::new();
         channels.retain(|channel, entry| {
             if entry.refs > 0 {
+                return true;
+            }
+            if entry.sent && entry.idle_since.is_some_and(|since| since.elapsed() < LINGER) {
+                lingering = true;
                 return true;
             }
             if entry.sent {
@@ -398,7 +447,8 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
         (subscribe, unsubscribe)
     };
     if link.topology.sharded() {
-        return sync_sharded(shared, subscriber, link, subscribe, unsubscribe).await;
+        sync_sharded(shared, subscriber, link, subscribe, unsubscribe).await;
+        return lingering;
     }
     if !unsubscribe.is_empty() {
         if let Err(err) = bounded(link, subscriber.unsubscribe(unsubscribe)).await {
@@ -406,7 +456,7 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
         }
     }
     if subscribe.is_empty() {
-        return;
+        return lingering;
     }
     // The `PING`'s reply is the confirmation, not fred's answer to `SUBSCRIBE`: a waiter that took
     // that answer for one tried again, was refused, and slept through a release published before
@@ -421,6 +471,7 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     if let Err(err) = result {
         tracing::warn!(%err, "SUBSCRIBE failed; waiters fall back to the lease's TTL");
     }
+    lingering
 }
 
 /// `SUBSCRIBE` of `channels`, then a `PING` behind it on the same connection: the `PING`'s reply.

@@ -133,6 +133,60 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_in_one_call() {
     there.shutdown().await;
 }
 
+/// Two owners of one client taking a lock in turn: the waiter handed the lock leaves the release
+/// channel, and the owner that handed it over comes back to wait on it a moment later. The channel
+/// lingers, so that owner queues behind the holder without a word to Redis: no attempt (it would
+/// be refused) and no `SUBSCRIBE`. Once nobody has waited on it for a while, it is unsubscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_comes_back_at_once_finds_the_channel_live() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-linger");
+    let channel = format!("{}:released", lock_key(&name));
+    // Sections longer than the default window would end the streak at every release.
+    let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
+    let first = here.lock(&name).acquire().await.unwrap();
+    let lock = here.lock(&name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("handed over")
+        .unwrap();
+
+    // The first owner comes back while the second holds the lock.
+    let (subscribes, scripts) = (server.command_calls("subscribe"), server.script_calls());
+    let lock = here.lock(&name);
+    let back = tokio::spawn(Owner::new().scope(async move { lock.acquire().await.unwrap() }));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!back.is_finished());
+    assert_eq!(
+        server.command_calls("subscribe") - subscribes,
+        0,
+        "no SUBSCRIBE again"
+    );
+    assert_eq!(
+        server.script_calls() - scripts,
+        0,
+        "no attempt: another owner here holds it"
+    );
+
+    // Handed back in one call.
+    second.release().await.unwrap();
+    let third = tokio::time::timeout(Duration::from_secs(2), back)
+        .await
+        .expect("handed back")
+        .unwrap();
+    assert_eq!(server.script_calls() - scripts, 1, "the transfer only");
+    third.release().await.unwrap();
+
+    // Nobody waits any more: the channel goes after a while (0.5 to 1 s).
+    let numsub = || format!("{:?}", server.cmd(&["PUBSUB", "NUMSUB", &channel]));
+    let unsubscribed = eventually(Duration::from_secs(5), || numsub().ends_with("Int(0)])")).await;
+    assert!(unsubscribed, "the lingering channel was unsubscribed");
+    here.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_limit_of_zero_frees_the_lock_on_every_release() {
     let server = RedisServer::start();
