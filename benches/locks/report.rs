@@ -281,8 +281,8 @@ context switches (getrusage, voluntary and involuntary): mostly a worker thread 
 run a task another thread woke. `redis_cpu_*`: \
 `used_cpu_sys + used_cpu_user` summed over the row's servers. `redis_cmds_*`: every command the \
 servers ran (`INFO commandstats`: the commands scripts call included, the bench's `INFO` calls left \
-out). Hot lock: the critical section is a 1 ms sleep on a blocking thread (`section_p50_us` as it \
-ran); `of_ideal` is sections/s over 1,000; `utilization` is sections/s times the mean section as it \
+out). Hot lock: the critical section is a sleep on a blocking thread until 1 ms after the grant (its \
+timer slack at 1 ns; `section_p50_us` as it ran, the hop back to the holder's task included); `of_ideal` is sections/s over 1,000; `utilization` is sections/s times the mean section as it \
 ran, the share of the run the lock was held; a wait still open at the end of the run counts as long as \
 it was then, so a `wait_p99_us` near the run time means some contenders waited the whole run. RW lock, \
 read-heavy: the same section; `mean_holders` is sections/s times the mean section as it ran (how many \
