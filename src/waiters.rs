@@ -28,6 +28,10 @@ use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInter
 use fred::types::config::Server;
 use fred::types::{ClusterHash, CustomCommand, Value};
 use parking_lot::Mutex;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use crate::link::NodeClient;
 use crate::topology::Kind;
@@ -42,10 +46,6 @@ pub(crate) const CLUSTER_SCAN: Duration = Duration::from_secs(1);
 /// the server would run four requests per critical section instead of one. A lingering channel
 /// costs the server nothing until a release on it is published.
 const LINGER: Duration = Duration::from_millis(500);
-use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::futures::OwnedNotified;
-use tokio::sync::Notify;
-use tokio::time::Instant;
 
 #[derive(Default)]
 struct Entry {
