@@ -179,6 +179,15 @@ async fn a_waiter_that_comes_back_at_once_finds_the_channel_live() {
         .unwrap();
     assert_eq!(server.script_calls() - scripts, 1, "the transfer only");
     third.release().await.unwrap();
+    // A fresh hold that nobody waits for: its release publishes nothing, though the channel
+    // lingers (a lingering channel is no waiter of this client's).
+    let published = server.command_calls("publish");
+    here.lock(&name).acquire().await.unwrap().release().await.unwrap();
+    assert_eq!(
+        server.command_calls("publish") - published,
+        0,
+        "nothing is published"
+    );
 
     // Nobody waits any more: the channel goes after a while (0.5 to 1 s).
     let numsub = || format!("{:?}", server.cmd(&["PUBSUB", "NUMSUB", &channel]));
