@@ -40,6 +40,15 @@ impl<'a> Entrant<'a> {
             slice: Box::new(move |time| Box::pin(run(servers, time, contenders(), Shape::Cycles))),
         }
     }
+
+    /// One cycling task per name of `names` on `servers`, its contender made by `make`.
+    fn per_name<C: crate::peers::Contender>(
+        servers: &'a [&'a RedisServer],
+        names: &'a [String],
+        make: impl Fn(&'a String) -> C + 'a,
+    ) -> Entrant<'a> {
+        Entrant::new(servers, move || names.iter().map(&make).collect())
+    }
 }
 
 /// Runs every entrant for `total` in all, in slices of about [`SLICE`], taking turns (the order
@@ -109,51 +118,31 @@ async fn cycle_rows(
     let redlock = (tasks <= REDLOCK_MAX_TASKS).then(|| redlock_client(&urls));
 
     // In the order of the rows.
-    let mut entrants = vec![Entrant::new(servers, || {
-        relock_names.iter().map(|name| Relock(lock(name))).collect()
+    let mut entrants = vec![Entrant::per_name(servers, &relock_names, |name| {
+        Relock(lock(name))
     })];
     if let Some((client, sha)) = &fred {
-        entrants.push(Entrant::new(&servers[..1], || {
-            fred_names
-                .iter()
-                .map(|key| FredSetNx {
-                    client: client.clone(),
-                    key: key.clone(),
-                    release_sha: sha.clone(),
-                })
-                .collect()
+        entrants.push(Entrant::per_name(&servers[..1], &fred_names, |key| FredSetNx {
+            client: client.clone(),
+            key: key.clone(),
+            release_sha: sha.clone(),
         }));
     }
-    entrants.push(Entrant::new(servers, || {
-        rs_names
-            .iter()
-            .map(|key| Rslock {
-                manager: manager.clone(),
-                key: key.clone(),
-            })
-            .collect()
+    entrants.push(Entrant::per_name(servers, &rs_names, |key| Rslock {
+        manager: manager.clone(),
+        key: key.clone(),
     }));
     if let Some(locker) = &locker {
-        entrants.push(Entrant::new(servers, || {
-            arl_names
-                .iter()
-                .map(|key| Arl {
-                    locker: locker.clone(),
-                    key: key.clone(),
-                    options: arl_options(Retry::Default),
-                })
-                .collect()
+        entrants.push(Entrant::per_name(servers, &arl_names, |key| Arl {
+            locker: locker.clone(),
+            key: key.clone(),
+            options: arl_options(Retry::Default),
         }));
     }
     if let Some(redlock) = &redlock {
-        entrants.push(Entrant::new(servers, || {
-            redlock_names
-                .iter()
-                .map(|key| Redlock {
-                    redlock: redlock.clone(),
-                    key: key.clone().into_bytes(),
-                })
-                .collect()
+        entrants.push(Entrant::per_name(servers, &redlock_names, |key| Redlock {
+            redlock: redlock.clone(),
+            key: key.clone().into_bytes(),
         }));
     }
 
