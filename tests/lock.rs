@@ -346,19 +346,9 @@ async fn the_support_copy_of_the_function_library_is_the_one_relock_loads() {
     guard.release().await.expect("release");
     let (library, _, code) = support::batch_library();
     assert_eq!(support::function_libraries(&server), vec![library.clone()]);
-    let Reply::Array(listed) = server.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", &library, "WITHCODE"]) else {
-        panic!("FUNCTION LIST");
-    };
-    let Some(Reply::Array(fields)) = listed.first() else {
-        panic!("FUNCTION LIST: {listed:?}");
-    };
-    let loaded = fields
-        .chunks(2)
-        .find(|pair| pair[0].as_str() == Some("library_code"))
-        .and_then(|pair| pair[1].as_str());
     assert_eq!(
-        loaded,
-        Some(code.as_str()),
+        support::function_library_code(&server, &library),
+        Some(code),
         "relock loaded other code than the copy"
     );
     // The connect check, then the acquisition and the release.

@@ -482,7 +482,18 @@ pub fn batch_library() -> (String, String, String) {
 
 /// The names of the function libraries on `server` (`FUNCTION LIST`).
 pub fn function_libraries(server: &RedisServer) -> Vec<String> {
-    let Reply::Array(libraries) = server.cmd(&["FUNCTION", "LIST"]) else {
+    function_list(server, &["FUNCTION", "LIST"], "library_name")
+}
+
+/// The code of the function library `name` on `server`, if it has it (`FUNCTION LIST WITHCODE`).
+pub fn function_library_code(server: &RedisServer, name: &str) -> Option<String> {
+    let list = ["FUNCTION", "LIST", "LIBRARYNAME", name, "WITHCODE"];
+    function_list(server, &list, "library_code").into_iter().next()
+}
+
+/// The field `field` of each library that the `FUNCTION LIST` command `list` lists.
+fn function_list(server: &RedisServer, list: &[&str], field: &str) -> Vec<String> {
+    let Reply::Array(libraries) = server.cmd(list) else {
         panic!("FUNCTION LIST");
     };
     libraries
@@ -491,7 +502,7 @@ pub fn function_libraries(server: &RedisServer) -> Vec<String> {
             // Each library: a flat list of field names and values.
             Reply::Array(fields) => fields
                 .chunks(2)
-                .find(|pair| pair[0].as_str() == Some("library_name"))
+                .find(|pair| pair[0].as_str() == Some(field))
                 .and_then(|pair| pair[1].as_str().map(str::to_string)),
             _ => None,
         })
