@@ -62,6 +62,20 @@ async fn held_with_a_waiter(server: &RedisServer, name: &str) -> Handoff {
     }
 }
 
+/// An owner of `here` takes the lock `name` while another waits for it (refused once and asleep),
+/// and the first one's release hands it over: the second one's guard.
+async fn handed_over(here: &LockClient, name: &str) -> relock::LockGuard {
+    let first = here.lock(name).acquire().await.unwrap();
+    let lock = here.lock(name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter is handed the lock")
+        .unwrap()
+}
+
 /// Pauses `server` and releases `first`; the waiter's guard, handed over while the server answers
 /// nothing (the server is resumed before a failure), and the release on its way.
 async fn handed_while_paused(
@@ -144,15 +158,7 @@ async fn a_waiter_that_comes_back_at_once_finds_the_channel_live() {
     let channel = format!("{}:released", lock_key(&name));
     // Sections longer than the default window would end the streak at every release.
     let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.unwrap();
-    let second = tokio::time::timeout(Duration::from_secs(2), waiter)
-        .await
-        .expect("handed over")
-        .unwrap();
+    let second = handed_over(&here, &name).await;
 
     // The first owner comes back while the second holds the lock.
     let (subscribes, scripts) = (server.command_calls("subscribe"), server.script_calls());
@@ -361,15 +367,7 @@ async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
     // Renewals every 3 s: a hold found lost at one still had 6 s of its lease left locally.
     let here = client(&server, config(8).watchdog_timeout(Duration::from_secs(9))).await;
 
-    let first = here.lock(&name).acquire().await.unwrap();
-    let lock = here.lock(&name);
-    let second = tokio::spawn(async move { lock.acquire().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    first.release().await.unwrap();
-    let second = tokio::time::timeout(Duration::from_secs(2), second)
-        .await
-        .expect("the waiter is handed the lock")
-        .unwrap();
+    let second = handed_over(&here, &name).await;
 
     let lock = here.lock(&name);
     let third = tokio::spawn(async move { lock.acquire().await.unwrap() });
