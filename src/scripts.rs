@@ -205,13 +205,10 @@ impl Library {
         match empty().await {
             Err(err) if is_function_missing(&err) => {
                 self.load(client, ClusterHash::Random).await?;
-                empty().await?;
+                empty().await.map(drop)
             }
-            other => {
-                other?;
-            }
+            other => other.map(drop),
         }
-        Ok(())
     }
 
     /// Runs the function (`FCALL`) once, routed to `slot` (that of its keys, see [`slot_of`]): the
