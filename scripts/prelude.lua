@@ -56,14 +56,17 @@ end
 -- same instant in microseconds as digits (seconds, then the microseconds padded to six), a string:
 -- the fence compares and writes it as one (see acquire.lua). Every call of TIME costs about as much
 -- as a small command, and the acquisitions of one batch can share a reading (each lock has its own
--- fence counter; a counter already at the reading draws the next number above it). Built by
--- concatenation, once: `string.format('%.0f')` costs the server about as much as a command does.
+-- fence counter; a counter already at the reading draws the next number above it). Built by one
+-- concatenation, once: `string.format('%.0f')` costs the server about as much as a command does,
+-- and padding with `string.sub` makes two strings more.
 local clock_reading = false
 local clock_digits = false
+local clock_pad = {'00000', '0000', '000', '00', '0', ''}
 local function clock()
   if not clock_reading then
     clock_reading = redis.call('TIME')
-    clock_digits = clock_reading[1] .. string.sub('00000' .. clock_reading[2], -6)
+    local micros = clock_reading[2]
+    clock_digits = clock_reading[1] .. clock_pad[#micros] .. micros
   end
   return clock_reading, clock_digits
 end
