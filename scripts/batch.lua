@@ -54,10 +54,9 @@ local publish = ARGV[2]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
 end
--- One plain operation (most calls, below a few operations in flight): its reply is built at once.
--- Cheaper for the server than the loop below by about 0.4 us a call (measured: the loop's start and
--- its list, grown one item at a time, cost more than the operation's own Lua). The same calls and
--- replies as the loop's.
+-- One plain operation (most calls, while few operations are in flight): its reply is built at once.
+-- Cheaper for the server than the loop below, with its reply list grown one item at a time, by
+-- about 0.4 us a call (measured, pipelined). The same calls and replies as the loop's.
 if ARGV[1] == '1' then
   local op = ARGV[3]
   local ok, reply, second, third
