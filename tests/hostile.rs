@@ -238,13 +238,29 @@ async fn a_key_of_another_type_fails_alone_in_a_shared_batch() {
     let client = LockClient::connect_with(&server.url(), config()).await.unwrap();
     let (good, bad) = (unique_name("good"), unique_name("bad"));
     server.cmd(&["LPUSH", &lock_key(&bad), "not a lock"]);
-    // Sent together, the two acquisitions share one batch script call on the connection.
+    // Four acquisitions first, each sent as a call of its own (the most the node sends that way at
+    // once); the two after them queue, and share one batch script call.
+    let fillers: Vec<_> = (0..4).map(|i| client.lock(&format!("{good}:{i}"))).collect();
     let good_lock = client.lock(&good);
     let bad_lock = client.lock(&bad);
-    let (ok, err) = tokio::join!(
+    let calls_before = server.command_calls("fcall");
+    let (filled, ok, err) = tokio::join!(
+        futures::future::join_all(
+            fillers
+                .iter()
+                .map(|lock| relock::Owner::new().scope(lock.acquire()))
+        ),
         relock::Owner::new().scope(good_lock.acquire()),
-        relock::Owner::new().scope(bad_lock.acquire())
+        relock::Owner::new().scope(bad_lock.acquire()),
     );
+    assert_eq!(
+        server.command_calls("fcall") - calls_before,
+        5,
+        "four calls of one acquisition and one of two"
+    );
+    for guard in filled {
+        guard.expect("a filler is granted").release().await.unwrap();
+    }
     let guard = ok.expect("the good lock is granted");
     let err = err.unwrap_err();
     assert!(
