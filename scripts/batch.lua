@@ -67,6 +67,8 @@ if ARGV[1] == '1' then
   elseif op == 'u' then
     ok, reply, second = pcall(transfer_granted, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   end
+  -- An operation that ran is answered here, whatever it gave, as the loop answers it: falling
+  -- through would run it twice.
   if ok and type(reply) == 'number' then
     if third ~= nil then
       return {3, reply, second, third}
@@ -74,8 +76,9 @@ if ARGV[1] == '1' then
       return {2, reply, second}
     end
     return {1, reply}
-  elseif ok == false then
-    -- These functions reply with numbers or raise (WRONGTYPE): as the loop's failed operation.
+  elseif ok and type(reply) == 'table' and not reply.err then
+    return {#reply, unpack(reply)}
+  elseif ok ~= nil then
     return {2, -1, type(reply) == 'table' and reply.err or tostring(reply)}
   end
 end
