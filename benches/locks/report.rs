@@ -293,8 +293,10 @@ come, first served over 64 contenders: about 63); `idle_gap_p50_rtt` the idle ga
 `TcpStream` round trip p50 measured just before; `*_vs_plain` the fair lock's figure over the plain \
 lock's. Uncontended, `fred SET NX`: the thinnest lock (rslock's two commands) on relock's own driver \
 with no relock in between, one client shared by the tasks: not a peer, the ceiling of any lock built \
-on fred here; relock's gap to it is what relock adds, its gap to the peers is fred's. One \
-request in flight on this 2-vCPU VM mostly waits for an idle vCPU to wake: compare the two floor rows.
+on fred here; relock's gap to it is what relock adds, its gap to the peers is fred's. Every loop \
+runs on a runtime worker, as a user's task does (one awaited in `main`'s `block_on` had each reply \
+wake the main thread from a worker). One request in flight on this 2-vCPU VM mostly waits for an \
+idle vCPU to wake.
 ";
 
 pub fn markdown(rows: &[Row], targets: &[Target]) -> String {
