@@ -45,9 +45,13 @@ const ROUND_MARGIN: Duration = Duration::from_millis(20);
 const MAX_IN_FLIGHT: usize = 16;
 /// Below this many rounds in flight, an operation with nothing queued ahead of it goes directly.
 /// Above it, operations queue, and the first of them leads: it lets the tasks that are ready add
-/// theirs before it sends: under load, several operations per call (in the bench's 16 tasks, about
-/// one script call fewer per three cycles, and 11 % less Redis CPU, than with 16 direct rounds).
-const DIRECT_MAX: usize = 4;
+/// theirs before it sends: under load, several operations per call. Only an idle node sends an
+/// operation by itself: against 4 (2026-11-26, the bench's `--quick --only uncontended,contended`
+/// alternated four times), 16 tasks cost the server 16.7-17.0 µs per cycle against 18.0-18.6, at
+/// the same cycles/s; 1 and 256 tasks and the contended rows the same within noise. (4 had taken
+/// 11 % off 16 direct rounds' Redis CPU; an operation that goes by itself runs the batch function's
+/// dearest path per operation.)
+const DIRECT_MAX: usize = 1;
 
 /// One operation of the batch script (see `scripts/batch.lua`).
 pub(crate) enum Op {

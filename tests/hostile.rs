@@ -235,31 +235,65 @@ fn config() -> LockConfig {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_of_another_type_fails_alone_in_a_shared_batch() {
     let server = RedisServer::start();
-    let client = LockClient::connect_with(&server.url(), config()).await.unwrap();
+    let proxy = Proxy::start(server.port()).await;
+    let client = LockClient::connect_with(&proxy.url(), config().command_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap();
     let (good, bad) = (unique_name("good"), unique_name("bad"));
     server.cmd(&["LPUSH", &lock_key(&bad), "not a lock"]);
-    // Four acquisitions first, each sent as a call of its own (the most the node sends that way at
-    // once); the two after them queue, and share one batch script call.
-    let fillers: Vec<_> = (0..4).map(|i| client.lock(&format!("{good}:{i}"))).collect();
-    let good_lock = client.lock(&good);
-    let bad_lock = client.lock(&bad);
-    let calls_before = server.command_calls("fcall");
-    let (filled, ok, err) = tokio::join!(
-        futures::future::join_all(
-            fillers
-                .iter()
-                .map(|lock| relock::Owner::new().scope(lock.acquire()))
-        ),
-        relock::Owner::new().scope(good_lock.acquire()),
-        relock::Owner::new().scope(bad_lock.acquire()),
-    );
-    assert_eq!(
-        server.command_calls("fcall") - calls_before,
-        5,
-        "four calls of one acquisition and one of two"
-    );
+    // While requests wait in the proxy, 16 acquisitions made one at a time fill the node's rounds
+    // in flight (16 at most, `batch::MAX_IN_FLIGHT`). The good and the bad acquisition then queue
+    // with no round to lead, and the batcher sends them together, in one batch script call, when
+    // the first round ends: the batch loop runs both, and the bad one's error is its own. (How many
+    // calls in all is left open: the bad attempt's error may be followed by a release of it, which
+    // finds nothing to release.)
+    server.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    server.cmd(&["CONFIG", "SET", "slowlog-max-len", "1000"]);
+    server.cmd(&["SLOWLOG", "RESET"]);
+    proxy.stall_requests(true);
+    let mut fillers = Vec::new();
+    for i in 0..16 {
+        let lock = client.lock(&format!("{good}:{i}"));
+        fillers.push(tokio::spawn(
+            relock::Owner::new().scope(async move { lock.acquire().await }),
+        ));
+        // Each is a round of its own: the one before it is in flight by now.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (good_lock, bad_lock) = (client.lock(&good), client.lock(&bad));
+    let both = tokio::spawn(async move {
+        tokio::join!(
+            relock::Owner::new().scope(good_lock.acquire()),
+            relock::Owner::new().scope(bad_lock.acquire()),
+        )
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.stall_requests(false);
+    let (ok, err) = both.await.unwrap();
+    let mut filled = Vec::new();
+    for filler in fillers {
+        filled.push(filler.await.unwrap().expect("a filler is granted"));
+    }
+    // The server's log of every command (threshold 0) names the call: one `FCALL` with both keys.
+    let (good_key, bad_key) = (lock_key(&good), lock_key(&bad));
+    let shared = match server.cmd(&["SLOWLOG", "GET", "1000"]) {
+        support::Reply::Array(entries) => entries.iter().any(|entry| {
+            let support::Reply::Array(fields) = entry else {
+                return false;
+            };
+            let Some(support::Reply::Array(args)) = fields.get(3) else {
+                return false;
+            };
+            let args: Vec<&str> = args.iter().filter_map(support::Reply::as_str).collect();
+            args.first() == Some(&"FCALL")
+                && args.contains(&good_key.as_str())
+                && args.contains(&bad_key.as_str())
+        }),
+        other => panic!("SLOWLOG GET: {other:?}"),
+    };
+    assert!(shared, "the good and the bad acquisition went in one batch call");
     for guard in filled {
-        guard.expect("a filler is granted").release().await.unwrap();
+        guard.release().await.unwrap();
     }
     let guard = ok.expect("the good lock is granted");
     let err = err.unwrap_err();
