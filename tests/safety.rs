@@ -210,8 +210,8 @@ async fn a_cancelled_woken_waiter_passes_the_wake_up_on() {
     // Both have been refused and subscribed.
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Requests of the waiting client now stall in the proxy (the release message still comes):
-    // calls stuck in flight make the woken waiter's attempt queue in the client, where dropping it
-    // sends nothing, and no undo of it wakes anyone.
+    // the woken waiter's attempt stalls behind the fillers' calls, and is dropped before any answer
+    // to it comes back.
     proxy.stall_requests(true);
     let mut fillers = Vec::new();
     for i in 0..4 {
