@@ -212,10 +212,21 @@ impl Core {
                     .await
                     .unwrap_or_else(|| Err(Error::Timeout(bound - start)))
             };
-            if !matches!(round, Err(_) | Ok(Round::Refused { stragglers: true, .. })) {
+            // Nothing to undo where every master answered. One master's refusal error (a key of
+            // another type) is its whole answer, and the script failed before it wrote anything;
+            // of several masters', others may not have answered.
+            let definite = match &round {
+                Ok(Round::Refused { stragglers, .. }) => !stragglers,
+                Ok(_) => true,
+                Err(err) => err.is_refusal() && self.masters.single(),
+            };
+            if definite {
                 undo.resync = None;
             }
             drop(undo);
+            if definite && round.is_err() {
+                self.holds.retire_if_idle(&hold);
+            }
             let (token, deadline) = match round? {
                 Round::Refused { ttl, split, .. } => {
                     self.holds.retire_if_idle(&hold);

@@ -64,8 +64,16 @@ impl Core {
                 .unwrap_or(Err(Error::Timeout(until.saturating_duration_since(start)))),
             None => call.await,
         };
-        // An error leaves the outcome unknown: the undo (on drop) removes a grant that landed.
-        let reply = reply?;
+        // An error leaves the outcome unknown: the undo (on drop) removes a grant that landed. Not
+        // a refusal error (a key of another type): the script failed before it wrote anything.
+        let reply = match reply {
+            Err(err) if err.is_refusal() => {
+                undo.resync = None;
+                self.holds.retire_if_idle(&hold);
+                return Err(err);
+            }
+            reply => reply?,
+        };
         undo.resync = None;
         drop(undo);
         let free = match reply.as_slice() {

@@ -91,14 +91,25 @@ impl Core {
                 .await
                 .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
             // An error leaves the outcome unknown: the undos (on drop) bring every hold in line.
-            let reply = reply?;
-            undos.iter_mut().for_each(|undo| undo.resync = None);
-            drop(undos);
+            // Not a refusal error (a key of another type): the script failed before it wrote
+            // anything.
             let retire = |holds: &[(Arc<crate::hold::Hold>, _)]| {
                 for (hold, _) in holds {
                     self.holds.retire_if_idle(hold);
                 }
             };
+            let reply = match reply {
+                Ok(reply) => reply,
+                Err(err) => {
+                    if err.is_refusal() {
+                        undos.iter_mut().for_each(|undo| undo.resync = None);
+                        retire(&holds);
+                    }
+                    return Err(err);
+                }
+            };
+            undos.iter_mut().for_each(|undo| undo.resync = None);
+            drop(undos);
             match reply.as_slice() {
                 [0, ttl, at] => {
                     retire(&holds);

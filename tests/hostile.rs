@@ -244,9 +244,7 @@ async fn a_key_of_another_type_fails_alone_in_a_shared_batch() {
     // While requests wait in the proxy, 16 acquisitions made one at a time fill the node's rounds
     // in flight (16 at most, `batch::MAX_IN_FLIGHT`). The good and the bad acquisition then queue
     // with no round to lead, and the batcher sends them together, in one batch script call, when
-    // the first round ends: the batch loop runs both, and the bad one's error is its own. (How many
-    // calls in all is left open: the bad attempt's error may be followed by a release of it, which
-    // finds nothing to release.)
+    // the first round ends: the batch loop runs both, and the bad one's error is its own.
     server.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
     server.cmd(&["CONFIG", "SET", "slowlog-max-len", "1000"]);
     server.cmd(&["SLOWLOG", "RESET"]);

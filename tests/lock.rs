@@ -848,8 +848,13 @@ async fn a_key_of_another_type_is_a_clear_error_and_left_alone() {
     let client = client(&server).await;
     let name = unique_name("wrongtype");
     server.cmd(&["SET", &lock_key(&name), "not a lock"]);
+    let calls = server.script_calls();
     let err = client.lock(&name).acquire().await.unwrap_err();
     assert!(matches!(err, Error::WrongType(_)), "{err:?}");
+    // The script wrote nothing before it failed, and one master's error is its whole answer: there
+    // is nothing to undo, so no release follows (a background one would come within this sleep).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.script_calls() - calls, 1, "one call: the attempt");
     assert!(matches!(
         client.lock(&name).force_unlock().await,
         Err(Error::WrongType(_))

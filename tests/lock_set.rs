@@ -338,6 +338,21 @@ async fn on_one_server_a_set_is_taken_by_one_script_call() {
         assert_eq!(server.exists(&lock_key(name)), i == 3, "{name}");
     }
     blocker.release().await.unwrap();
+    // A name whose key is of another type fails the set in its one call, which writes nothing, and
+    // nothing follows it (no undo: nothing was written).
+    server.cmd(&["SET", &lock_key(&names[2]), "not a lock"]);
+    let before = server.script_calls();
+    let err = c.lock_all(&refs).try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::WrongType(_)), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.script_calls() - before, 1, "the set's call, and no undo");
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(server.exists(&lock_key(name)), i == 2, "{name}");
+    }
+    assert_eq!(
+        server.cmd(&["GET", &lock_key(&names[2])]).as_str(),
+        Some("not a lock")
+    );
 }
 
 /// Two clients whose leases last 30 s: only release messages wake their waiters in a test's time.

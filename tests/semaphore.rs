@@ -182,6 +182,21 @@ async fn callers_that_disagree_on_the_permits_and_bad_input() {
     ));
     assert!(server.keys(&format!("*{fresh}*")).is_empty());
     assert!(server.keys("*a{b}*").is_empty());
+
+    // A semaphore key of another type: an error in one call that wrote nothing, and nothing to
+    // undo after it.
+    let foreign = unique_name("foreign");
+    let index = format!("relock:{{{foreign}}}:sem");
+    server.cmd(&["SET", &index, "not a semaphore"]);
+    let calls = server.script_calls();
+    assert!(matches!(
+        c.semaphore(&foreign, 2).try_acquire(1).await,
+        Err(Error::WrongType(_))
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.script_calls() - calls, 1);
+    assert_eq!(server.keys(&format!("*{foreign}*")), vec![index.clone()]);
+    assert_eq!(server.cmd(&["GET", &index]).as_str(), Some("not a semaphore"));
 }
 
 /// One step of the model run.
