@@ -14,8 +14,8 @@
 //! | `relock_renewal_failures_total` | counter | | renewals that a majority did not confirm (retried next round, or the lock is lost) |
 //! | `relock_waiters` | gauge | `lock`* | acquisitions waiting for a release now |
 //! | `relock_held_locks` | gauge | `lock`* | possessions held now |
-//! | `relock_batch_size` | histogram | | acquisitions and releases sent in one script call (coalescing) |
-//! | `relock_redis_calls_total` | counter | `script` | script calls sent to Redis (one request each; calls sent together share a round trip) |
+//! | `relock_batch_size` | histogram | | acquisitions and releases sent in one call (coalescing) |
+//! | `relock_redis_calls_total` | counter | `script` | script calls sent to Redis (one request each; calls sent together share a round trip); `script="release"`: the requests of a plain lock's release sent alone without a script (an `HDEL`, and a `PUBLISH` where a waiter marked the hold) |
 //!
 //! \* `lock` (the lock's name) is a label only when the client was configured with
 //! [`LockConfig::metrics_lock_names`](crate::LockConfig::metrics_lock_names): names can be
@@ -133,6 +133,7 @@ mod imp {
         match script {
             "batch" => counter!("relock_redis_calls_total", "script" => "batch").increment(1),
             "renew" => counter!("relock_redis_calls_total", "script" => "renew").increment(1),
+            "release" => counter!("relock_redis_calls_total", "script" => "release").increment(1),
             other => counter!("relock_redis_calls_total", "script" => other).increment(1),
         }
     }

@@ -495,7 +495,12 @@ async fn a_release_is_published_only_when_a_waiter_marked_the_hold() {
     let key = lock_key(&name);
     for _ in 0..3 {
         let guard = holder.lock(&name).acquire().await.unwrap();
+        // A release that goes alone is one `HDEL`, no script (`batch::release_alone`).
+        let (scripts, hdels) = (server.script_calls(), server.command_calls("hdel"));
         guard.release().await.unwrap();
+        assert_eq!(server.script_calls() - scripts, 0);
+        assert_eq!(server.command_calls("hdel") - hdels, 1);
+        assert!(!server.exists(&key));
     }
     assert_eq!(server.command_calls("publish"), 0, "nobody waited");
 
