@@ -424,7 +424,7 @@ async fn release_alone(link: &NodeClient, lock: Str, owner: Str, channel: Str) -
         _ => {}
     }
     crate::telemetry::redis_call("release");
-    let heard: Result<i64, _> = if link.topology.publish() == "SPUBLISH" {
+    let heard: Result<i64, _> = if link.topology.sharded() {
         link.batch.spublish(channel, "1").await
     } else {
         link.batch.publish(channel, "1").await
