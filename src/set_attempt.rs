@@ -90,14 +90,14 @@ impl Core {
                 .within(Some(bound), call)
                 .await
                 .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
-            // An error leaves the outcome unknown: the undos (on drop) bring every hold in line.
-            // Not a refusal error (a key of another type): the script failed before it wrote
-            // anything.
             let retire = |holds: &[(Arc<crate::hold::Hold>, _)]| {
                 for (hold, _) in holds {
                     self.holds.retire_if_idle(hold);
                 }
             };
+            // An error leaves the outcome unknown: the undos (on drop) bring every hold in line.
+            // Not a refusal error (a key of another type): the script failed before it wrote
+            // anything.
             let reply = match reply {
                 Ok(reply) => reply,
                 Err(err) => {
