@@ -691,7 +691,12 @@ impl Node {
     ) -> Result<R, fred::error::Error> {
         let mut pause = RetryPause::new();
         loop {
-            match script.run(&self.link.cmd, keys.clone(), args.clone()).await {
+            // Boxed: fred's command future (about 7 KB) held inline would be held again by every
+            // future above this one that takes it as an argument (`bounded_on`'s callers held
+            // 22 KB for one semaphore attempt, and moved it at every level). The semaphore row of
+            // `--quick --only family`, alternated twice (2026-11-26): 174-187 µs of client CPU per
+            // section against 236-250.
+            match Box::pin(script.run(&self.link.cmd, keys.clone(), args.clone())).await {
                 Err(err) if not_run(&err) => pause.wait().await,
                 other => return other,
             }
