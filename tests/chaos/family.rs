@@ -371,6 +371,7 @@ fn check_permits(sections: &[Section], harness: &Harness, report: &mut Report) {
 /// One latch call: sent at `sent`, answered at `replied` with `reply` (neither if no answer came).
 #[derive(Debug, Clone)]
 struct Call {
+    worker: u32,
     op: Op,
     arg: u64,
     sent: u64,
@@ -388,6 +389,49 @@ impl Call {
     }
 }
 
+/// The calls of one latch from 1 s before `round` was sent until `returned`, and the faults over that
+/// span, one per line, times in ms from the round's answer: what a violation's report carries, so that
+/// a CI run whose history file is gone still shows it.
+fn latch_calls_around(calls: &[Call], round: &Call, returned: u64, harness: &Harness) -> String {
+    let from = round.sent.saturating_sub(1_000_000_000);
+    let zero = round.replied.unwrap_or(round.sent) as i64;
+    let ms = |t: u64| (t as i64 - zero) as f64 / 1e6;
+    let mut lines: Vec<(u64, String)> = calls
+        .iter()
+        .filter(|c| c.sent <= returned && c.replied.is_none_or(|r| r >= from))
+        .map(|c| {
+            let replied = c
+                .replied
+                .map_or("no answer".to_string(), |r| format!("answered {:+.1} ms", ms(r)));
+            let reply = c.reply.as_deref().unwrap_or("-");
+            (
+                c.sent,
+                format!(
+                    "\n    worker {} {:?}({}) sent {:+.1} ms, {replied}: {reply}",
+                    c.worker,
+                    c.op,
+                    c.arg,
+                    ms(c.sent)
+                ),
+            )
+        })
+        .collect();
+    lines.extend(
+        harness
+            .faults
+            .iter()
+            .filter(|(start, end)| *start <= returned && *end >= from)
+            .map(|(start, end)| {
+                (
+                    *start,
+                    format!("\n    fault from {:+.1} ms to {:+.1} ms", ms(*start), ms(*end)),
+                )
+            }),
+    );
+    lines.sort_by_key(|(t, _)| *t);
+    lines.into_iter().take(40).map(|(_, line)| line).collect()
+}
+
 /// (g), per latch (see the module doc for the rule and its slack).
 fn check_latches(events: &[&Event], harness: &Harness, report: &mut Report) {
     let mut pending: HashMap<(u32, u32), (u32, Call)> = HashMap::new();
@@ -397,6 +441,7 @@ fn check_latches(events: &[&Event], harness: &Harness, report: &mut Report) {
         match &ev.kind {
             Kind::Call { op, arg } => {
                 let call = Call {
+                    worker: ev.worker,
                     op: *op,
                     arg: *arg,
                     sent: ev.t,
@@ -472,10 +517,11 @@ fn check_latches(events: &[&Event], harness: &Harness, report: &mut Report) {
             family.released_early += 1;
             examples.push(format!(
                 "latch {item}: a wait sent {} ms after a round of {} was armed returned true {} ms after, \
-                 with {arrivals} count downs sent by then",
+                 with {arrivals} count downs sent by then{}",
                 (wait.sent - round.replied.unwrap_or(round.sent)) / 1_000_000,
                 round.arg,
                 (returned - round.replied.unwrap_or(round.sent)) / 1_000_000,
+                latch_calls_around(calls, round, returned, harness),
             ));
         }
     }
@@ -593,9 +639,15 @@ mod tests {
             (1, 0),
             "{report}"
         );
-        // Back before the second count down was sent: early.
+        // Back before the second count down was sent: early, and the report lists the latch's calls.
         let report = crate::history::check(&history(40 * MS), &harness);
         assert_eq!(report.family.released_early, 1, "{report}");
+        let shown = report.examples.join("\n");
+        assert!(
+            shown.contains("worker 3 CountDown(0) sent +19.0 ms, answered +20.0 ms: 1"),
+            "{shown}"
+        );
+        assert!(!shown.contains("worker 4 CountDown"), "{shown}");
         // Unless a fault lost the latch meanwhile.
         let lost = Harness {
             unprotected: vec![(30 * MS, 90 * MS)],
