@@ -385,7 +385,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
 /// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
 /// now, and their waiters woken (a release may have been announced where nobody listened).
 async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
-    if let Err(err) = bounded(link, Box::pin(subscriber.sync_cluster())).await {
+    if let Err(err) = bounded(link, subscriber.sync_cluster()).await {
         tracing::debug!(%err, "reading the cluster's slots failed");
         return;
     }
@@ -451,7 +451,7 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) -> bool {
         return lingering;
     }
     if !unsubscribe.is_empty() {
-        if let Err(err) = bounded(link, Box::pin(subscriber.unsubscribe(unsubscribe))).await {
+        if let Err(err) = bounded(link, subscriber.unsubscribe(unsubscribe)).await {
             tracing::debug!(%err, "UNSUBSCRIBE failed");
         }
     }
@@ -462,10 +462,9 @@ async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) -> bool {
     // that answer for one tried again, was refused, and slept through a release published before
     // the server had its subscription (on a busy runtime about one run in six of
     // `tests/handoff.rs`'s early handoff test; `tests/lock.rs` holds the `SUBSCRIBE` back).
-    let result = bounded(
-        link,
-        Box::pin(async { subscribe_then_ping(subscriber, subscribe.clone()).await.map(drop) }),
-    )
+    let result = bounded(link, async {
+        subscribe_then_ping(subscriber, subscribe.clone()).await.map(drop)
+    })
     .await;
     // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
     settle(shared, &subscribe, &result, None);
@@ -503,14 +502,14 @@ async fn sync_sharded(
     unsubscribe: Vec<String>,
 ) {
     for group in link.topology.by_slot(unsubscribe, |c| c) {
-        if let Err(err) = bounded(link, Box::pin(subscriber.sunsubscribe(group))).await {
+        if let Err(err) = bounded(link, subscriber.sunsubscribe(group)).await {
             tracing::debug!(%err, "SUNSUBSCRIBE failed");
         }
     }
     for group in link.topology.by_slot(subscribe, |c| c) {
         let slot = link.topology.slot(&group[0]);
         let owner = crate::topology::slot_owner(subscriber, slot);
-        let result = bounded(link, Box::pin(subscriber.ssubscribe(group.clone()))).await;
+        let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
         if let Err(err) = &result {
             tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
         }
@@ -544,17 +543,24 @@ fn settle(
 /// A request of the subscriber task, bounded like every other (the subscriber client has no
 /// per-command timeout of its own): a server that went away must not hold the task, which could
 /// then no longer see that it is not needed any more. A subscription that timed out may still land
-/// later; the next sync sends it again, which is harmless. Callers box the request: fred's
-/// command future (about 7 KB) held inline made the task's `sync` 15 KB, moved at every call.
-async fn bounded(
+/// later; the next sync sends it again, which is harmless.
+///
+/// A plain function that boxes the request before anything awaits it: fred's command future (about
+/// 7 KB) held inline, as an `async fn`'s argument and again as the future it awaits, made the task's
+/// `sync` 15 KB, moved at every call.
+fn bounded<'a>(
     link: &NodeClient,
-    request: impl std::future::Future<Output = Result<(), fred::error::Error>>,
-) -> Result<(), fred::error::Error> {
-    match tokio::time::timeout(link.bound(), request).await {
-        Ok(outcome) => outcome,
-        Err(_) => Err(fred::error::Error::new(
-            fred::error::ErrorKind::Timeout,
-            "the subscriber's request was not answered in time",
-        )),
+    request: impl std::future::Future<Output = Result<(), fred::error::Error>> + 'a,
+) -> impl std::future::Future<Output = Result<(), fred::error::Error>> + 'a {
+    let request = Box::pin(request);
+    let bound = link.bound();
+    async move {
+        match tokio::time::timeout(bound, request).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(fred::error::Error::new(
+                fred::error::ErrorKind::Timeout,
+                "the subscriber's request was not answered in time",
+            )),
+        }
     }
 }
