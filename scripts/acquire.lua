@@ -33,9 +33,9 @@ local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
   local prev = false
   -- Made only when there is one: a table per call costs the server more than the test.
   local ended = false
-  local ttl = redis.call('PTTL', lock)
+  local ttl = call('PTTL', lock)
   if ttl ~= -2 then
-    prev = redis.call('HGET', lock, owner)
+    prev = call('HGET', lock, owner)
     if not prev then
       -- Another field is another owner's hold, or an ended generation of this owner (its field
       -- starts with the same `owner:` and only the generation differs): a hold lost, or a release
@@ -78,38 +78,38 @@ local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
       -- it, and written over it. A resend draws once more, as a GET and SET would: tokens only rise.
       -- The floor as a number from the seconds' ten digits (sixteen cost the server more to
       -- convert), as digits only when written.
-      token = redis.call('INCR', fence)
+      token = call('INCR', fence)
       if token == 1 then
-        redis.call('SET', fence, now)
+        call('SET', fence, now)
         token = now
       elseif token < tonumber(t[1]) * 1000000 then
         token = t[1] .. '000000'
-        redis.call('SET', fence, token)
+        call('SET', fence, token)
       end
     else
       -- Compared as digit strings, not numbers: converting sixteen digits costs the server more
       -- than the comparison (a longer string of digits is the larger number; one of equal length
       -- compares as text). A counter that is no number fails the call below (tonumber gives nil),
       -- unless it is shorter than the clock's digits, when the clock simply replaces it.
-      local counter = redis.call('SET', fence, now, 'GET')
+      local counter = call('SET', fence, now, 'GET')
       token = now
       if counter and (#counter > #now or (#counter == #now and counter >= now)) then
         token = string.format('%.0f', tonumber(counter) + 1)
-        redis.call('SET', fence, token)
+        call('SET', fence, token)
       end
     end
   else
-    token = redis.call('GET', fence) or 0
+    token = call('GET', fence) or 0
   end
 
   if ended then
-    redis.call('HDEL', lock, unpack(ended))
+    call('HDEL', lock, unpack(ended))
   end
   if carry then
-    redis.call('HSET', lock, owner, target, owner .. '~', '1')
+    call('HSET', lock, owner, target, owner .. '~', '1')
   else
-    redis.call('HSET', lock, owner, target)
+    call('HSET', lock, owner, target)
   end
-  redis.call('PEXPIRE', lock, lease)
+  call('PEXPIRE', lock, lease)
   return 1, prev and tonumber(prev) or 0, token
 end

@@ -10,7 +10,8 @@
 --
 -- Every key of one call is in one cluster slot.
 -- ARGV[1] the number of operations; ARGV[2] the command that announces a release ('PUBLISH', or
--- 'SPUBLISH' on a cluster); then per operation 4 arguments, and its keys in KEYS in order:
+-- 'SPUBLISH' on a cluster); then per operation its arguments (4 unless said), and its keys in KEYS in
+-- order:
 --   'a', owner, lease ms, target   with KEYS lock, fence                   (see acquire.lua; a
 --                                  refusal marks the holder)
 --   'q', the same                  as 'a', on a master of a quorum (acquire's in_step)
@@ -37,6 +38,11 @@
 --   'u', from, to, lease ms, token
 --                                  with KEYS lock, fence: a handoff the client granted already,
 --                                  with that token (transfer_granted.lua)
+-- and the common two in short, since each argument costs the server about 0.1 us (parsed, then
+-- made a Lua string; 2026-11-26, `FCALL`s of 8 and of 120 arguments):
+--   'A', owner, lease ms           as 'a' with target 1 (a fresh acquisition); 'Q' as 'q'
+--   'R', owner                     as 'r' with target 0 and the channel `lock:released` (see
+--                                  `keys.rs`): a plain lock's full release
 -- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
 -- is acquire's or release's ({code} for a release; {2, subscribers that heard it} for a plain
 -- lock's that published), or {-1, message} when that operation failed
@@ -46,6 +52,7 @@
 -- The clock is read once per call (see prelude.lua): where this loop is a function of relock's
 -- library (see `scripts.rs`), the helpers' state outlives the call, so it is cleared first.
 clock_reading = false
+call = redis.call
 local out = {}
 local n = 0
 local k = 1
@@ -60,7 +67,11 @@ end
 if ARGV[1] == '1' then
   local op = ARGV[3]
   local ok, reply, second, third
-  if op == 'a' or op == 'q' then
+  if op == 'A' or op == 'Q' then
+    ok, reply, second, third = pcall(acquire, KEYS[1], KEYS[2], ARGV[4], ARGV[5], '1', op == 'Q', true)
+  elseif op == 'R' then
+    ok, reply, second = pcall(release, KEYS[1], ARGV[4], 0, false, publish, '1', false, true)
+  elseif op == 'a' or op == 'q' then
     ok, reply, second, third = pcall(acquire, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true)
   elseif op == 'r' or op == 'p' then
     ok, reply, second = pcall(release, KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
@@ -88,10 +99,20 @@ for _ = 1, tonumber(ARGV[1]) do
   -- others with a table: ok, then either.
   local ok, reply, second, third
   local op = ARGV[a]
-  -- The operations with a fifth argument (the lifetime of the mark a refusal leaves; a transfer's
-  -- channel) are rare: tested only past the plain ones.
+  -- How many arguments the operation takes, itself included. The operations with a fifth argument
+  -- (the lifetime of the mark a refusal leaves; a transfer's channel) are rare: tested only past
+  -- the plain ones.
+  local width = 4
   local five = false
-  if op == 'a' or op == 'q' then
+  if op == 'A' or op == 'Q' then
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], '1', op == 'Q', true)
+    k = k + 2
+    width = 3
+  elseif op == 'R' then
+    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], 0, false, publish, '1', false, true)
+    k = k + 1
+    width = 2
+  elseif op == 'a' or op == 'q' then
     ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q', true)
     k = k + 2
   elseif op == 'r' or op == 'p' then
@@ -136,7 +157,7 @@ for _ = 1, tonumber(ARGV[1]) do
       ok, reply = false, 'ERR relock batch: unknown operation'
     end
   end
-  a = a + (five and 5 or 4)
+  a = a + (five and 5 or width)
   if ok and type(reply) == 'number' then
     -- A plain operation's values (a release's code, and how many heard it when it published; an
     -- acquisition's code and its one or two values), or another release's code.

@@ -17,26 +17,26 @@
 -- The first live waiter of the queue and its key's TTL (dead ones are removed); false if none.
 local function fair_head(queue)
   while true do
-    local first = redis.call('ZRANGE', queue, 0, 0)
+    local first = call('ZRANGE', queue, 0, 0)
     if #first == 0 then
       return false, -2
     end
-    local ttl = redis.call('PTTL', queue .. ':' .. first[1])
+    local ttl = call('PTTL', queue .. ':' .. first[1])
     if ttl ~= -2 then
       return first[1], ttl
     end
-    redis.call('ZREM', queue, first[1])
+    call('ZREM', queue, first[1])
   end
 end
 
 -- Puts the owner `id` in the queue (at the back, or where it already was) with a waiter key of
 -- `lease` ms.
 local function fair_join(queue, id, lease)
-  local t = redis.call('TIME')
-  redis.call('ZADD', queue, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), id)
+  local t = call('TIME')
+  call('ZADD', queue, 'NX', tonumber(t[1]) * 1000000 + tonumber(t[2]), id)
   local waiter = queue .. ':' .. id
-  redis.call('HSET', waiter, id, 1)
-  redis.call('PEXPIRE', waiter, lease)
+  call('HSET', waiter, id, 1)
+  call('PEXPIRE', waiter, lease)
 end
 
 -- A fair lock for `owner` (field): granted as acquire.lua grants, but only to the owner at the head
@@ -51,7 +51,7 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
     return wrong_type()
   end
   local id = owner_of(owner)
-  local fresh = target == 1 or redis.call('HEXISTS', lock, owner) == 0
+  local fresh = target == 1 or call('HEXISTS', lock, owner) == 0
   local head = false
   if fresh then
     head = fair_head(queue)
@@ -60,11 +60,11 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
         fair_join(queue, id, enqueue)
       end
       -- The waiter just ahead: of this owner's place, or of the back of the queue for a try.
-      local rank = id and redis.call('ZRANK', queue, id)
-      local ahead = rank and redis.call('ZRANGE', queue, rank - 1, rank - 1)
-        or redis.call('ZRANGE', queue, -1, -1)
-      local ttl = redis.call('PTTL', lock)
-      local ahead_ttl = #ahead == 1 and redis.call('PTTL', queue .. ':' .. ahead[1]) or -2
+      local rank = id and call('ZRANK', queue, id)
+      local ahead = rank and call('ZRANGE', queue, rank - 1, rank - 1)
+        or call('ZRANGE', queue, -1, -1)
+      local ttl = call('PTTL', lock)
+      local ahead_ttl = #ahead == 1 and call('PTTL', queue .. ':' .. ahead[1]) or -2
       if ttl < 0 or (ahead_ttl >= 0 and ahead_ttl < ttl) then
         ttl = ahead_ttl
       end
@@ -74,8 +74,8 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
   local reply = {acquire(lock, fence, owner, lease, target, in_step)}
   if reply[1] == 1 then
     if head then
-      redis.call('ZREM', queue, head)
-      redis.call('DEL', queue .. ':' .. head)
+      call('ZREM', queue, head)
+      call('DEL', queue .. ':' .. head)
     end
   elseif enqueue and id then
     fair_join(queue, id, enqueue)

@@ -8,14 +8,14 @@ local function fair_leave(waiter, queue, lock, field, target, channel, publish)
   if target > 0 then
     return release(waiter, field, target, channel, publish, '1', false)
   end
-  if redis.call('HDEL', waiter, field) == 0 then
+  if call('HDEL', waiter, field) == 0 then
     return 0
   end
-  redis.call('ZREM', queue, field)
-  if redis.call('EXISTS', lock) == 0 then
+  call('ZREM', queue, field)
+  if call('EXISTS', lock) == 0 then
     local head = fair_head(queue)
     if head then
-      redis.call(publish, channel, head)
+      call(publish, channel, head)
     end
   end
   return 2

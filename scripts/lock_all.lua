@@ -12,6 +12,8 @@
 --         {0, remaining ttl in ms, i} when lock i is held by another owner (the first such),
 --         {-3, i} when lock i was to be re-entered but its hold is gone.
 -- A key of another type fails the call before anything is written.
+-- acquire.lua calls commands through prelude.lua's `call`.
+call = redis.call
 local n = #KEYS / 2
 for i = 1, n do
   local lock, owner, target = KEYS[2 * i - 1], ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1])

@@ -1,7 +1,8 @@
 -- Set an owner's hold count to a target; at zero, delete the hold and announce the release where
 -- someone may wait (a function of the batch script, see batch.lua).
 -- lock: the lock hash (or a reader key, or the waiting writers' hash of a read-write lock); owner:
--- the hold's field; target: the count left after this release; channel: the release channel;
+-- the hold's field; target: the count left after this release; channel: the release channel, or
+-- false for a plain lock's, `lock` followed by `:released` (`keys.rs`), made only when published;
 -- publish: the command that announces it (PUBLISH or SPUBLISH); message: '1' wakes one waiter per
 -- client, '*' every waiter (a read-write lock's waiters differ: a reader woken in a writer's place
 -- would leave the writer asleep); index: false, or the set that lists `lock` (a read-write lock's
@@ -18,26 +19,26 @@
 --         clients wait).
 local function release(lock, owner, target, channel, publish, message, index, marks)
   if target > 0 then
-    if redis.call('HEXISTS', lock, owner) == 0 then
+    if call('HEXISTS', lock, owner) == 0 then
       return 0
     end
-    redis.call('HSET', lock, owner, target)
+    call('HSET', lock, owner, target)
     return 1
   end
   -- HDEL says whether the field was there: one call fewer on the common path. With marks, it
   -- removes the hold's mark too, and says whether there was one (2 fields): a mark is never there
   -- without its hold.
-  local removed = redis.call('HDEL', lock, owner, owner .. '~')
+  local removed = call('HDEL', lock, owner, owner .. '~')
   if removed == 0 then
     return 0
   end
   if index then
-    redis.call('SREM', index, lock)
+    call('SREM', index, lock)
   end
   if marks and removed == 1 then
     return 2, 0
   end
   -- No EXISTS check: a field could outlive this one only as an ended generation of the same owner
   -- (its acquisition removes those), and a release message then is a harmless extra wake-up.
-  return 2, redis.call(publish, channel, message)
+  return 2, call(publish, channel or (lock .. ':released'), message)
 end

@@ -18,11 +18,11 @@
 
 -- Whether the write lock has a field of another owner than `id` (a writer other than this owner).
 local function other_writer(write, id)
-  if redis.call('EXISTS', write) == 0 then
+  if call('EXISTS', write) == 0 then
     return false
   end
   local mine = id and (id .. ':')
-  for _, field in ipairs(redis.call('HKEYS', write)) do
+  for _, field in ipairs(call('HKEYS', write)) do
     if not mine or string.sub(field, 1, #mine) ~= mine then
       return true
     end
@@ -37,30 +37,30 @@ local function acquire_read(reader, write, readers, waiting, owner, lease, targe
     return wrong_type()
   end
   local id = owner_of(owner)
-  local prev = redis.call('HGET', reader, owner)
+  local prev = call('HGET', reader, owner)
   if not prev then
     -- A fresh read hold. A writer of another owner refuses it; so does a waiting writer, unless this
     -- owner holds the write lock (a downgrade: it goes before the writers waiting behind it).
     -- A reentrant one is granted whatever waits: refusing it would deadlock its own holder.
-    local writes = redis.call('EXISTS', write) == 1
+    local writes = call('EXISTS', write) == 1
     if other_writer(write, id) then
-      return {0, redis.call('PTTL', write)}
+      return {0, call('PTTL', write)}
     end
-    if not writes and redis.call('EXISTS', waiting) == 1 then
-      return {0, redis.call('PTTL', waiting)}
+    if not writes and call('EXISTS', waiting) == 1 then
+      return {0, call('PTTL', waiting)}
     end
     -- Any other field of this owner's key is an ended generation of its own (a hold lost, or a
     -- release still on its way): replaced.
-    redis.call('DEL', reader)
+    call('DEL', reader)
     -- One reader key that may have outlived its lease (a crashed reader, which never removed itself)
     -- is looked at per fresh read: the set stays near the live readers at O(1) per call.
-    local old = redis.call('SRANDMEMBER', readers)
-    if old and redis.call('EXISTS', old) == 0 then
-      redis.call('SREM', readers, old)
+    local old = call('SRANDMEMBER', readers)
+    if old and call('EXISTS', old) == 0 then
+      call('SREM', readers, old)
     end
   end
-  redis.call('HSET', reader, owner, target)
-  redis.call('PEXPIRE', reader, lease)
-  redis.call('SADD', readers, reader)
+  call('HSET', reader, owner, target)
+  call('PEXPIRE', reader, lease)
+  call('SADD', readers, reader)
   return {1, tonumber(prev or '0'), 0}
 end

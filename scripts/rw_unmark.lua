@@ -8,11 +8,11 @@ local function rw_unmark(waiting, write, field, target, channel, publish)
   if target > 0 then
     return release(waiting, field, target, channel, publish, '1', false)
   end
-  if redis.call('HDEL', waiting, field) == 0 then
+  if call('HDEL', waiting, field) == 0 then
     return 0
   end
-  if redis.call('EXISTS', waiting) == 0 and redis.call('EXISTS', write) == 0 then
-    redis.call(publish, channel .. ':r', '*')
+  if call('EXISTS', waiting) == 0 and call('EXISTS', write) == 0 then
+    call(publish, channel .. ':r', '*')
   end
   return 2
 end

@@ -4,9 +4,9 @@
 
 -- Records the owner `id` as a waiting writer; the hash lives at least `lease` more.
 local function wait_mark(waiting, id, lease)
-  redis.call('HSET', waiting, id, 1)
-  if redis.call('PTTL', waiting) < lease then
-    redis.call('PEXPIRE', waiting, lease)
+  call('HSET', waiting, id, 1)
+  if call('PTTL', waiting) < lease then
+    call('PEXPIRE', waiting, lease)
   end
 end
 
@@ -19,13 +19,13 @@ local function acquire_write(write, fence, readers, waiting, owner, lease, targe
   local id = owner_of(owner)
   -- Readers refuse a fresh write hold (and a reentrant one whose hold is gone). A reentrant one
   -- holds them off already.
-  if target == 1 or redis.call('HEXISTS', write, owner) == 0 then
+  if target == 1 or call('HEXISTS', write, owner) == 0 then
     local me = id and (readers .. ':' .. id)
     local ttl = false
-    for _, reader in ipairs(redis.call('SMEMBERS', readers)) do
-      local left = redis.call('PTTL', reader)
+    for _, reader in ipairs(call('SMEMBERS', readers)) do
+      local left = call('PTTL', reader)
       if left == -2 then
-        redis.call('SREM', readers, reader)
+        call('SREM', readers, reader)
       elseif reader == me then
         return {-2}
       elseif not ttl or left < ttl then
@@ -42,7 +42,7 @@ local function acquire_write(write, fence, readers, waiting, owner, lease, targe
   local reply = {acquire(write, fence, owner, lease, target, in_step)}
   if reply[1] == 1 then
     if id then
-      redis.call('HDEL', waiting, id)
+      call('HDEL', waiting, id)
     end
   elseif mark and id then
     wait_mark(waiting, id, mark)

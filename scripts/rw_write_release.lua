@@ -7,8 +7,8 @@
 -- Replies as release.lua's.
 local function release_write(lock, waiting, owner, target, channel, publish)
   local released = release(lock, owner, target, channel, publish, '1', false)
-  if released == 2 and redis.call('EXISTS', waiting) == 0 then
-    redis.call(publish, channel .. ':r', '*')
+  if released == 2 and call('EXISTS', waiting) == 0 then
+    call(publish, channel .. ':r', '*')
   end
   return released
 end

@@ -18,12 +18,12 @@
 -- published as release.lua would, so that no waiter sleeps on a free lock, and the error raised.
 local function transfer(lock, fence, from, to, lease, channel, publish)
   -- With its mark, if there was one (2 fields removed).
-  local removed = redis.call('HDEL', lock, from, from .. '~')
+  local removed = call('HDEL', lock, from, from .. '~')
   local released = removed > 0 and 1 or 0
   local ok, granted, prev_or_ttl, token = pcall(acquire, lock, fence, to, lease, '1', false, true, removed == 2)
   if not ok or granted ~= 1 then
-    if released == 1 and redis.call('EXISTS', lock) == 0 then
-      redis.call(publish, channel, '1')
+    if released == 1 and call('EXISTS', lock) == 0 then
+      call(publish, channel, '1')
     end
     if not ok then
       error(granted)

@@ -19,28 +19,28 @@
 -- fails without writing; the lock hash is written only after).
 local function transfer_granted(lock, fence, from, to, lease, token)
   -- Compared as digit strings, as acquire.lua does: a longer string of digits is the larger number.
-  local counter = redis.call('SET', fence, token, 'GET')
+  local counter = call('SET', fence, token, 'GET')
   if counter and (#counter > #token or (#counter == #token and counter >= token)) then
     -- Equal is a resend of this call only if `to` holds already.
-    if counter ~= token or redis.call('HEXISTS', lock, to) == 0 then
+    if counter ~= token or call('HEXISTS', lock, to) == 0 then
       if counter ~= token then
-        redis.call('SET', fence, counter)
+        call('SET', fence, counter)
       end
       return 0, 0
     end
   end
   -- With its mark, if there was one (2 fields removed): the mark goes to `to`, as its waiters still
   -- wait.
-  local removed = redis.call('HDEL', lock, from, from .. '~')
+  local removed = call('HDEL', lock, from, from .. '~')
   if removed == 0 then
     -- Not held by `from` (lost), unless a resend finds `to` holding.
-    return 0, redis.call('HEXISTS', lock, to)
+    return 0, call('HEXISTS', lock, to)
   end
   if removed == 2 then
-    redis.call('HSET', lock, to, '1', to .. '~', '1')
+    call('HSET', lock, to, '1', to .. '~', '1')
   else
-    redis.call('HSET', lock, to, '1')
+    call('HSET', lock, to, '1')
   end
-  redis.call('PEXPIRE', lock, lease)
+  call('PEXPIRE', lock, lease)
   return 1, 1
 end

@@ -541,12 +541,20 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                     }
                 };
                 plain &= matches!(code, "a" | "q");
+                // A fresh acquisition in short (see `scripts/batch.lua`): one argument less.
+                let code = match (code, *target) {
+                    ("a", 1) => "A",
+                    ("q", 1) => "Q",
+                    _ => code,
+                };
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
                     Value::from(*lease_ms),
-                    Value::from(*target),
                 ]);
+                if !matches!(code, "A" | "Q") {
+                    args.push(Value::from(*target));
+                }
                 if let Some(mark_lease) = mark_lease {
                     args.push(Value::from(mark_lease.as_millis().min(i64::MAX as u128) as i64));
                 }
@@ -585,6 +593,12 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                     }
                 };
                 plain &= matches!(code, "r" | "p");
+                if code == "r" && *target == 0 && is_lock_channel(lock, channel) {
+                    // A plain lock's full release in short (see `scripts/batch.lua`): two arguments
+                    // less; the script makes the channel where it publishes.
+                    args.extend([Value::from_static_str("R"), Value::from(owner.clone())]);
+                    continue;
+                }
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
@@ -618,6 +632,14 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
         }
     }
     Call { keys, args, plain }
+}
+
+/// Whether `channel` is `lock` followed by `:released` (as `LockKeys::new` names a lock's channel),
+/// which the batch script makes itself for the short release `R`.
+fn is_lock_channel(lock: &str, channel: &str) -> bool {
+    channel
+        .strip_prefix(lock)
+        .is_some_and(|rest| rest == ":released")
 }
 
 /// Hands each operation of one call its reply.
@@ -765,6 +787,55 @@ mod tests {
             announce: false,
         };
         (op, oneshot::channel().0)
+    }
+
+    /// The common operations go in short: a fresh acquisition without its target, a plain lock's
+    /// full release with neither target nor channel (the script makes it from the lock's name);
+    /// any other keeps every argument.
+    #[test]
+    fn the_common_operations_are_encoded_in_short() {
+        let keys = LockKeys::new("relock", "stock");
+        assert!(is_lock_channel(&keys.lock, &keys.channel));
+        let owner = Str::from("client:t1:1");
+        let acquire = |target| Op::Acquire {
+            lock: keys.lock.clone(),
+            fence: keys.fence.clone(),
+            channel: keys.channel.clone(),
+            owner: owner.clone(),
+            lease_ms: 30_000,
+            target,
+            in_step: false,
+            kind: Kind::Plain,
+        };
+        let ops = [
+            acquire(1),
+            Op::release(&keys, &owner, 0, false),
+            acquire(2),
+            Op::release(&keys, &owner, 1, false),
+            Op::release(&keys, &owner, 0, true),
+        ];
+        let call = encode(ops.iter(), "PUBLISH");
+        let args: Vec<String> = call.args.iter().map(|v| v.as_string().unwrap_or_default()).collect();
+        let expect = [
+            "5", "PUBLISH", //
+            "A", "client:t1:1", "30000", //
+            "R", "client:t1:1", //
+            "a", "client:t1:1", "30000", "2", //
+            "r", "client:t1:1", "1", "relock:{stock}:released", //
+            "p", "client:t1:1", "0", "relock:{stock}:released",
+        ];
+        assert_eq!(args, expect);
+        assert_eq!(call.keys.len(), 2 + 1 + 2 + 1 + 1);
+        assert!(call.plain);
+
+        // A channel that is not the lock's own keeps the long form.
+        let mut other = Op::release(&keys, &owner, 0, false);
+        if let Op::Release { channel, .. } = &mut other {
+            *channel = "elsewhere".into();
+        }
+        let call = encode([other].iter(), "PUBLISH");
+        assert_eq!(call.args[2].as_str().as_deref(), Some("r"));
+        assert_eq!(call.args.len(), 2 + 4);
     }
 
     fn ints(values: &[i64]) -> Vec<Value> {
