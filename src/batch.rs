@@ -637,9 +637,7 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
 /// Whether `channel` is `lock` followed by `:released` (as `LockKeys::new` names a lock's channel),
 /// which the batch script makes itself for the short release `R`.
 fn is_lock_channel(lock: &str, channel: &str) -> bool {
-    channel
-        .strip_prefix(lock)
-        .is_some_and(|rest| rest == ":released")
+    channel.strip_prefix(lock).is_some_and(|rest| rest == ":released")
 }
 
 /// Hands each operation of one call its reply.
@@ -815,15 +813,20 @@ mod tests {
             Op::release(&keys, &owner, 0, true),
         ];
         let call = encode(ops.iter(), "PUBLISH");
-        let args: Vec<String> = call.args.iter().map(|v| v.as_string().unwrap_or_default()).collect();
+        let args: Vec<String> = call
+            .args
+            .iter()
+            .map(|v| v.as_string().unwrap_or_default())
+            .collect();
         let expect = [
-            "5", "PUBLISH", //
-            "A", "client:t1:1", "30000", //
-            "R", "client:t1:1", //
-            "a", "client:t1:1", "30000", "2", //
-            "r", "client:t1:1", "1", "relock:{stock}:released", //
-            "p", "client:t1:1", "0", "relock:{stock}:released",
-        ];
+            &["5", "PUBLISH"][..],
+            &["A", "client:t1:1", "30000"],
+            &["R", "client:t1:1"],
+            &["a", "client:t1:1", "30000", "2"],
+            &["r", "client:t1:1", "1", "relock:{stock}:released"],
+            &["p", "client:t1:1", "0", "relock:{stock}:released"],
+        ]
+        .concat();
         assert_eq!(args, expect);
         assert_eq!(call.keys.len(), 2 + 1 + 2 + 1 + 1);
         assert!(call.plain);
