@@ -45,7 +45,8 @@
 --                                  `keys.rs`): a plain lock's full release
 -- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
 -- is acquire's or release's ({code} for a release; {2, subscribers that heard it} for a plain
--- lock's that published), or {-1, message} when that operation failed
+-- lock's that published; a grant with no previous count in short, {token}: two items fewer for
+-- the server to write and the client to read), or {-1, message} when that operation failed
 -- (say, WRONGTYPE); the others are not affected. Flat, because every table in a reply costs the
 -- server a conversion (a nested reply cost about 0.15 us per call more, a table per operation more
 -- still).
@@ -63,33 +64,41 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 -- One plain operation (most calls, while few operations are in flight): its reply is built at once.
 -- Cheaper for the server than the loop below, with its reply list grown one item at a time, by
--- about 0.4 us a call (measured, pipelined). The same calls and replies as the loop's.
+-- about 0.4 us a call (measured, pipelined). The same calls and replies as the loop's, but for an
+-- error: no pcall here (one costs about 60 ns), so an operation's error (say, WRONGTYPE) is the
+-- call's, which the client reads as that operation's, as it reads {-1, message} from the loop.
 if ARGV[1] == '1' then
   local op = ARGV[3]
-  local ok, reply, second, third
+  local ran, reply, second, third = true, nil, nil, nil
   if op == 'A' or op == 'Q' then
-    ok, reply, second, third = pcall(acquire, KEYS[1], KEYS[2], ARGV[4], ARGV[5], '1', op == 'Q', true)
+    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], '1', op == 'Q', true)
   elseif op == 'R' then
-    ok, reply, second = pcall(release, KEYS[1], ARGV[4], 0, false, publish, '1', false, true)
+    reply, second = release(KEYS[1], ARGV[4], 0, false, publish, '1', false, true)
   elseif op == 'a' or op == 'q' then
-    ok, reply, second, third = pcall(acquire, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true)
+    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true)
   elseif op == 'r' or op == 'p' then
-    ok, reply, second = pcall(release, KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
+    reply, second = release(KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
   elseif op == 'u' then
-    ok, reply, second = pcall(transfer_granted, KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+    reply, second = transfer_granted(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+  else
+    ran = false
   end
   -- An operation that ran is answered here, whatever it gave, as the loop answers it: falling
   -- through would run it twice.
-  if ok and type(reply) == 'number' then
+  if ran then
     if third ~= nil then
+      -- A fresh grant in short: its token alone (see the reply above).
+      if reply == 1 and second == 0 then
+        return {1, third}
+      end
       return {3, reply, second, third}
     elseif second ~= nil then
       return {2, reply, second}
+    elseif type(reply) == 'number' then
+      return {1, reply}
+    elseif type(reply) == 'table' and not reply.err then
+      return {#reply, unpack(reply)}
     end
-    return {1, reply}
-  elseif ok and type(reply) == 'table' and not reply.err then
-    return {#reply, unpack(reply)}
-  elseif ok ~= nil then
     return {2, -1, type(reply) == 'table' and reply.err or tostring(reply)}
   end
 end
@@ -161,7 +170,12 @@ for _ = 1, tonumber(ARGV[1]) do
   if ok and type(reply) == 'number' then
     -- A plain operation's values (a release's code, and how many heard it when it published; an
     -- acquisition's code and its one or two values), or another release's code.
-    if third ~= nil then
+    if third ~= nil and reply == 1 and second == 0 then
+      -- A fresh grant in short: its token alone.
+      out[n + 1] = 1
+      out[n + 2] = third
+      n = n + 2
+    elseif third ~= nil then
       out[n + 1] = 3
       out[n + 2] = reply
       out[n + 3] = second

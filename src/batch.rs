@@ -664,8 +664,10 @@ async fn answer(
             }
         }
         Err(err) => {
-            for (_, reply) in batch.drain(..) {
-                let _ = reply.send(Err(Error::Redis(err.clone())));
+            // A lone operation runs without a pcall: its error (a key of another type) is the
+            // call's (see `scripts/batch.lua`).
+            for (op, reply) in batch.drain(..) {
+                let _ = reply.send(Err(Error::from_redis(err.clone(), op.lock())));
             }
         }
     }
@@ -758,13 +760,18 @@ fn decode(op: &Op, items: &[Value]) -> Result<Ints, Error> {
             message,
         )));
     }
-    items
+    let ints: Ints = items
         .iter()
         .map(|item| {
             item.as_i64()
                 .ok_or_else(|| protocol_error(format!("non-integer reply {item:?}")))
         })
-        .collect()
+        .collect::<Result<_, _>>()?;
+    // A grant with no previous count comes in short, its token alone (see `scripts/batch.lua`).
+    match (op, ints.as_slice()) {
+        (Op::Acquire { .. }, &[token]) if token >= 0 => Ok([1, 0, token].into_iter().collect()),
+        _ => Ok(ints),
+    }
 }
 
 fn protocol_error(message: String) -> Error {

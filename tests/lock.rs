@@ -303,13 +303,16 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
         .expect("fcall");
     assert_eq!(server.command_calls("time") - time_before, 1, "one clock reading");
     let tokens = |reply: &[i64]| {
-        // Per operation: its item count, then its items; an acquisition's are {1, previous, token}.
+        // Per operation: its item count, then its items; an acquisition's are {1, previous, token},
+        // or in short {token} when there was no previous count.
         let (mut at, mut tokens) = (0, Vec::new());
         while at < reply.len() {
             let items = &reply[at + 1..at + 1 + reply[at] as usize];
             if items.len() == 3 {
                 assert_eq!(items[0], 1, "granted: {reply:?}");
                 tokens.push(items[2]);
+            } else if items.len() == 1 {
+                tokens.push(items[0]);
             } else {
                 assert_eq!(items[0], 2, "released: {reply:?}");
             }
