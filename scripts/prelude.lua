@@ -52,13 +52,6 @@ local function latch_left(key)
   return n and n - (redis.call('HLEN', key) - 1)
 end
 
--- The server's clock, read once per script call: TIME's reply ({seconds, microseconds}) and the
--- same instant in microseconds as digits (seconds, then the microseconds padded to six), a string:
--- the fence compares and writes it as one (see acquire.lua). Every call of TIME costs about as much
--- as a small command, and the acquisitions of one batch can share a reading (each lock has its own
--- fence counter; a counter already at the reading draws the next number above it). Built by one
--- concatenation, once: `string.format('%.0f')` costs the server about as much as a command does,
--- and padding with `string.sub` makes two strings more.
 -- redis.call as a local, for the batch functions (acquire.lua, release.lua and the others the batch
 -- runs): a global's lookup goes through the globals' metatable (the server's global protection),
 -- which cost about 30 of the 400 ns of a command called from a function (2026-11-26, 100,000
@@ -67,6 +60,13 @@ end
 -- the scripts that include only this file do.
 local call = false
 
+-- The server's clock, read once per script call: TIME's reply ({seconds, microseconds}) and the
+-- same instant in microseconds as digits (seconds, then the microseconds padded to six), a string:
+-- the fence compares and writes it as one (see acquire.lua). Every call of TIME costs about as much
+-- as a small command, and the acquisitions of one batch can share a reading (each lock has its own
+-- fence counter; a counter already at the reading draws the next number above it). Built by one
+-- concatenation, once: `string.format('%.0f')` costs the server about as much as a command does,
+-- and padding with `string.sub` makes two strings more.
 local clock_reading = false
 local clock_digits = false
 local clock_pad = {'00000', '0000', '000', '00', '0', ''}

@@ -848,6 +848,31 @@ mod tests {
         assert_eq!(call.args.len(), 2 + 4);
     }
 
+    /// A grant's short reply, its token alone, reads as the long one; a release's one item stays.
+    #[test]
+    fn a_grant_in_short_reads_as_the_long_form() {
+        let keys = LockKeys::new("relock", "stock");
+        let acquire = Op::Acquire {
+            lock: keys.lock.clone(),
+            fence: keys.fence.clone(),
+            channel: keys.channel.clone(),
+            owner: "o".into(),
+            lease_ms: 30_000,
+            target: 1,
+            in_step: false,
+            kind: Kind::Plain,
+        };
+        let token: Value = "1795711087673246".into();
+        let read = decode(&acquire, &[token]).expect("a grant");
+        assert_eq!(read.as_slice(), &[1, 0, 1_795_711_087_673_246]);
+        let read = decode(&acquire, &ints(&[1, 2, 7])).expect("a re-entry");
+        assert_eq!(read.as_slice(), &[1, 2, 7]);
+        let read = decode(&acquire, &ints(&[-2])).expect("an upgrade");
+        assert_eq!(read.as_slice(), &[-2]);
+        let release = Op::release(&keys, &"o".into(), 0, false);
+        assert_eq!(decode(&release, &ints(&[2])).expect("freed").as_slice(), &[2]);
+    }
+
     fn ints(values: &[i64]) -> Vec<Value> {
         values.iter().map(|v| Value::Integer(*v)).collect()
     }
