@@ -794,15 +794,9 @@ mod tests {
         (op, oneshot::channel().0)
     }
 
-    /// The common operations go in short: a fresh acquisition without its target, a plain lock's
-    /// full release with neither target nor channel (the script makes it from the lock's name);
-    /// any other keeps every argument.
-    #[test]
-    fn the_common_operations_are_encoded_in_short() {
-        let keys = LockKeys::new("relock", "stock");
-        assert!(is_lock_channel(&keys.lock, &keys.channel));
-        let owner = Str::from("client:t1:1");
-        let acquire = |target| Op::Acquire {
+    /// A plain lock's acquisition by `owner` to `target`, on a single master.
+    fn acquire(keys: &LockKeys, owner: &Str, target: i64) -> Op {
+        Op::Acquire {
             lock: keys.lock.clone(),
             fence: keys.fence.clone(),
             channel: keys.channel.clone(),
@@ -811,11 +805,21 @@ mod tests {
             target,
             in_step: false,
             kind: Kind::Plain,
-        };
+        }
+    }
+
+    /// The common operations go in short: a fresh acquisition without its target, a plain lock's
+    /// full release with neither target nor channel (the script makes it from the lock's name);
+    /// any other keeps every argument.
+    #[test]
+    fn the_common_operations_are_encoded_in_short() {
+        let keys = LockKeys::new("relock", "stock");
+        assert!(is_lock_channel(&keys.lock, &keys.channel));
+        let owner = Str::from("client:t1:1");
         let ops = [
-            acquire(1),
+            acquire(&keys, &owner, 1),
             Op::release(&keys, &owner, 0, false),
-            acquire(2),
+            acquire(&keys, &owner, 2),
             Op::release(&keys, &owner, 1, false),
             Op::release(&keys, &owner, 0, true),
         ];
@@ -852,16 +856,7 @@ mod tests {
     #[test]
     fn a_grant_in_short_reads_as_the_long_form() {
         let keys = LockKeys::new("relock", "stock");
-        let acquire = Op::Acquire {
-            lock: keys.lock.clone(),
-            fence: keys.fence.clone(),
-            channel: keys.channel.clone(),
-            owner: "o".into(),
-            lease_ms: 30_000,
-            target: 1,
-            in_step: false,
-            kind: Kind::Plain,
-        };
+        let acquire = acquire(&keys, &"o".into(), 1);
         let token: Value = "1795711087673246".into();
         let read = decode(&acquire, &[token]).expect("a grant");
         assert_eq!(read.as_slice(), &[1, 0, 1_795_711_087_673_246]);
