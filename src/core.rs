@@ -346,7 +346,9 @@ impl Core {
     /// handed over early (see [`Core::early_grant`]).
     pub(crate) fn enqueue(self: &Arc<Self>, job: Job) -> bool {
         let undo = match &job {
-            Job::Resync { resync, .. } => Some((resync.keys.clone(), resync.field.clone())),
+            Job::Resync { resync, .. } | Job::Settle { resync, .. } => {
+                Some((resync.keys.clone(), resync.field.clone()))
+            }
             Job::Release { .. } => None,
         };
         if let Some((keys, field)) = &undo {

@@ -13,6 +13,8 @@
 
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -200,6 +202,14 @@ pub(crate) enum Job {
     /// the masters `on` (their indexes) after an operation whose outcome there is unknown
     /// (cancelled, timed out, not answered).
     Resync { resync: Resync, on: Vec<usize> },
+    /// A release that a majority answered (see `quorum::release_settled`): `answers` gives, once
+    /// the other masters answered, those that did not; they and the masters `on` are then brought
+    /// in line as by [`Job::Resync`].
+    Settle {
+        resync: Resync,
+        on: Vec<usize>,
+        answers: Pin<Box<dyn Future<Output = Vec<usize>> + Send>>,
+    },
 }
 
 /// One hold generation to bring in line, on some nodes.

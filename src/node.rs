@@ -1,7 +1,7 @@
 //! One Redis master: a command connection, a subscriber connection and the scripts run on it.
 
 use fred::bytes_utils::Str;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -81,6 +81,11 @@ pub(crate) struct Node {
     /// The tasks that drive the connections that are ours to close: the command client's when
     /// relock built it, and the synced connection's.
     connections: Mutex<Vec<fred::types::ConnectHandle>>,
+    /// Its last release went unanswered (see [`Node::note_release`]).
+    lagging: AtomicBool,
+    /// Releases whose answer from this master is awaited in the background (see
+    /// `quorum::release_settled`).
+    pub(crate) settling: AtomicUsize,
 }
 
 /// What a quorum needs to know of a master's past: a master that restarted without persistence
@@ -236,7 +241,21 @@ impl Node {
             watchers,
             owned: false,
             connections: Mutex::new(Vec::new()),
+            lagging: AtomicBool::new(false),
+            settling: AtomicUsize::new(0),
         }
+    }
+
+    /// Records how this master answered a release: a release of a quorum waits for a master only
+    /// while it answers (see `quorum::release_settled`).
+    pub(crate) fn note_release(&self, outcome: &Result<Released, Error>) {
+        let answered = !matches!(outcome, Err(err) if !matches!(err, Error::WrongType(_)));
+        self.lagging.store(!answered, Ordering::Relaxed);
+    }
+
+    /// Whether this master's last release went unanswered (it failed or timed out).
+    pub(crate) fn lagging(&self) -> bool {
+        self.lagging.load(Ordering::Relaxed)
     }
 
     /// Closes the connections that are ours (see [`close`]).

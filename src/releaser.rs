@@ -1,8 +1,9 @@
 //! The releaser: one task per client that brings Redis in line after guards go (a release from a
-//! drop, or one a caller awaits) and undoes operations whose outcome is unknown (an attempt
-//! cancelled or timed out mid-round). Jobs run concurrently, so their commands pipeline on each
-//! connection; a master that did not answer is retried with backoff until it does or until what
-//! the operation may have left there has run out by itself.
+//! drop, or one a caller awaits), undoes operations whose outcome is unknown (an attempt cancelled
+//! or timed out mid-round), and awaits the answers that a quorum's release did not wait for
+//! (`Job::Settle`, see `quorum::release_settled`). Jobs run concurrently, so their commands
+//! pipeline on each connection; a master that did not answer is retried with backoff until it
+//! does or until what the operation may have left there has run out by itself.
 //!
 //! It stops when every sender is gone (every core of the process that used it dropped), after
 //! finishing the jobs in flight. It keeps no core alive but the ones its jobs carry, and a retry
@@ -54,6 +55,18 @@ async fn run_job(core: Arc<Core>, job: Job) {
             }
         }
         Job::Resync { resync, on } => resync_until_answered(Arc::downgrade(&core), resync, on).await,
+        Job::Settle {
+            resync,
+            mut on,
+            answers,
+        } => {
+            on.extend(answers.await);
+            if on.is_empty() {
+                core.track_undo(&resync.keys, &resync.field, -1);
+            } else {
+                resync_until_answered(Arc::downgrade(&core), resync, on).await;
+            }
+        }
     }
 }
 
@@ -143,7 +156,8 @@ async fn release_in_span(
         .flatten();
     // After a loss this is best effort: whatever is left of the hold in Redis is ours to remove.
     let sent = Instant::now();
-    let outcome = quorum::release(&core.masters, &hold.keys, field, target).await;
+    // Masters whose last release went unanswered are not waited for: the releaser awaits them.
+    let (outcome, stragglers) = quorum::release_settled(&core.masters, &hold.keys, field, target).await;
     if target == 0 {
         // The lock is free (or was not ours): a handoff streak starts again. Other clients heard
         // the release message if more subscribers did than this client's.
@@ -164,12 +178,14 @@ async fn release_in_span(
         // behind it on this hold rather than race it from a new one.
         core.holds.retire_if_idle(hold);
     }
-    if !outcome.silent.is_empty() {
+    if !outcome.silent.is_empty() || !stragglers.is_empty() {
         // The release may or may not have landed there: bring them in line once they answer.
-        let on = outcome.silent.clone();
-        core.enqueue(Job::Resync {
-            resync: hold.resync(field, gen),
-            on,
+        let (resync, on) = (hold.resync(field, gen), outcome.silent.clone());
+        core.enqueue(if stragglers.is_empty() {
+            Job::Resync { resync, on }
+        } else {
+            let answers = Box::pin(quorum::silent_among(core.masters.nodes.clone(), stragglers));
+            Job::Settle { resync, on, answers }
         });
     }
     if was_lost {

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, MultiLock, QuorumConfig};
-use support::{lock_key, unique_name, RedisServer};
+use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
 fn lock_config() -> LockConfig {
@@ -69,8 +69,12 @@ async fn acquire_release_reentrancy_and_fencing_on_one_three_and_five() {
         assert!(b.lock(&name).try_acquire().await.unwrap().is_none());
         let token = guard.fencing_token();
         guard.release().await.unwrap();
+        // The release answers once a majority has: the rest land right after.
         assert!(
-            servers.iter().all(|s| !s.exists(&lock_key(&name))),
+            eventually(Duration::from_secs(2), || servers
+                .iter()
+                .all(|s| !s.exists(&lock_key(&name))))
+            .await,
             "N={n}: release left keys"
         );
 
@@ -156,6 +160,49 @@ async fn a_paused_master_does_not_stall_acquisition() {
         "took {took:?}"
     );
     guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_left_a_release_unanswered_is_not_waited_for_again() {
+    let servers = servers(5);
+    // A node timeout far above a release's round trip: waiting for the paused master would show.
+    let timeout = Duration::from_millis(1500);
+    let quorum = quorum_config().node_timeout(timeout);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let multi = MultiLock::connect_with(&urls, quorum).await.expect("connect");
+    let (first, second) = (unique_name("lagging"), unique_name("lagging"));
+    let first_guard = multi.lock(&first).acquire().await.unwrap();
+    let second_guard = multi.lock(&second).acquire().await.unwrap();
+    servers[4].pause();
+    // The paused master answered its last release: this one waits for it, up to the timeout.
+    let start = Instant::now();
+    first_guard.release().await.unwrap();
+    assert!(start.elapsed() >= timeout, "took {:?}", start.elapsed());
+    // Now it is known not to answer: a majority's answers are enough.
+    let start = Instant::now();
+    second_guard.release().await.unwrap();
+    let took = start.elapsed();
+    assert!(took < timeout / 2, "waited for the paused master again: {took:?}");
+    multi
+        .lock(&second)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("not free on the majority after the release")
+        .release()
+        .await
+        .unwrap();
+    // The paused master's releases were sent, or are retried: they land once it runs again.
+    servers[4].resume();
+    assert!(
+        eventually(Duration::from_secs(5), || servers
+            .iter()
+            .all(|s| !s.exists(&lock_key(&first)) && !s.exists(&lock_key(&second))))
+        .await,
+        "a master kept a lock after it resumed"
+    );
+    multi.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
