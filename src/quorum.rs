@@ -443,6 +443,7 @@ pub(crate) struct Stragglers {
 }
 
 impl Stragglers {
+    /// No answer is left to await.
     pub(crate) fn is_empty(&self) -> bool {
         self.settling.is_empty()
     }
