@@ -19,8 +19,8 @@ use crate::Error;
 /// code written against one Redis moves to N by changing one line. A lock is granted when
 /// `N / 2 + 1` masters granted it within the lease's validity, renewed while a majority renews it,
 /// and released on every master (a master whose last release went unanswered is not waited for
-/// once a majority confirmed the release). Fencing tokens stay strictly increasing across holders. Cheap to
-/// clone; `Send + Sync`.
+/// once a majority confirmed the release). Fencing tokens stay strictly increasing across holders.
+/// Cheap to clone; `Send + Sync`.
 ///
 /// **For Redisson users**: this is Redisson's `RedissonRedLock` (one name over several masters).
 /// Redisson's `RedissonMultiLock` (several names, all or none) is relock's

@@ -18,6 +18,7 @@
 use fred::bytes_utils::Str;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -460,14 +461,14 @@ struct Settling(Arc<Node>);
 
 impl Settling {
     fn new(node: &Arc<Node>) -> Settling {
-        node.settling.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        node.settling.fetch_add(1, Ordering::Relaxed);
         Settling(node.clone())
     }
 }
 
 impl Drop for Settling {
     fn drop(&mut self) {
-        self.0.settling.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.settling.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -505,7 +506,7 @@ pub(crate) async fn release_settled(
     let mut answered = vec![false; nodes];
     let left_to = |i: usize| {
         let node = &masters.nodes[i];
-        node.lagging() && node.settling.load(std::sync::atomic::Ordering::Relaxed) < SETTLING_MAX
+        node.lagging() && node.settling.load(Ordering::Relaxed) < SETTLING_MAX
     };
     while let Some((i, outcome)) = pending.next().await {
         masters.nodes[i].note_release(&outcome);
