@@ -498,9 +498,11 @@ pub(crate) async fn release_settled(
     let mut pending = Answers::new();
     for (i, node) in masters.nodes.iter().enumerate() {
         let (node, keys, field) = (node.clone(), keys.clone(), field.clone());
-        pending.push(Box::pin(
-            async move { (i, node.release(&keys, &field, target).await) },
-        ));
+        pending.push(Box::pin(async move {
+            let outcome = node.release(&keys, &field, target).await;
+            node.note_release(&outcome);
+            (i, outcome)
+        }));
     }
     let mut out = Release::default();
     let mut answered = vec![false; nodes];
@@ -509,7 +511,6 @@ pub(crate) async fn release_settled(
         node.lagging() && node.settling.load(Ordering::Relaxed) < SETTLING_MAX
     };
     while let Some((i, outcome)) = pending.next().await {
-        masters.nodes[i].note_release(&outcome);
         answered[i] = true;
         out.count(i, outcome);
         let settled =
@@ -533,10 +534,9 @@ pub(crate) async fn release_settled(
 
 /// The masters among `stragglers` (see [`release_settled`]) whose answer did not come: the release
 /// may or may not have landed there.
-pub(crate) async fn silent_among(masters: Vec<Arc<Node>>, mut stragglers: Stragglers) -> Vec<usize> {
+pub(crate) async fn silent_among(mut stragglers: Stragglers) -> Vec<usize> {
     let mut rest = Release::default();
     while let Some((i, outcome)) = stragglers.answers.next().await {
-        masters[i].note_release(&outcome);
         rest.count(i, outcome);
     }
     rest.silent

@@ -184,7 +184,7 @@ async fn release_in_span(
         core.enqueue(if stragglers.is_empty() {
             Job::Resync { resync, on }
         } else {
-            let answers = Box::pin(quorum::silent_among(core.masters.nodes.clone(), stragglers));
+            let answers = Box::pin(quorum::silent_among(stragglers));
             Job::Settle { resync, on, answers }
         });
     }

@@ -38,11 +38,13 @@ fn servers(n: usize) -> Vec<RedisServer> {
 }
 
 async fn multi(servers: &[RedisServer]) -> MultiLock {
+    multi_with(servers, quorum_config()).await
+}
+
+async fn multi_with(servers: &[RedisServer], quorum: QuorumConfig) -> MultiLock {
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    MultiLock::connect_with(&urls, quorum_config())
-        .await
-        .expect("connect")
+    MultiLock::connect_with(&urls, quorum).await.expect("connect")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -167,10 +169,7 @@ async fn a_master_that_left_a_release_unanswered_is_not_waited_for_again() {
     let servers = servers(5);
     // A node timeout far above a release's round trip: waiting for the paused master would show.
     let timeout = Duration::from_millis(1500);
-    let quorum = quorum_config().node_timeout(timeout);
-    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
-    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
-    let multi = MultiLock::connect_with(&urls, quorum).await.expect("connect");
+    let multi = multi_with(&servers, quorum_config().node_timeout(timeout)).await;
     let (first, second) = (unique_name("lagging"), unique_name("lagging"));
     let first_guard = multi.lock(&first).acquire().await.unwrap();
     let second_guard = multi.lock(&second).acquire().await.unwrap();
