@@ -35,7 +35,7 @@
 --   't', from, to, lease ms, channel
 --                                  with KEYS lock, fence: a lock handed from one hold to another
 --                                  (transfer.lua)
---   'u', from, to, lease ms, token
+--   'u', from, to, lease ms, token, expect, fence_to
 --                                  with KEYS lock, fence: a handoff the client granted already,
 --                                  with that token (transfer_granted.lua)
 -- and the common two in short, since each argument costs the server about 0.1 us (parsed, then
@@ -79,7 +79,7 @@ if ARGV[1] == '1' then
   elseif op == 'r' or op == 'p' then
     reply, second = release(KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
   elseif op == 'u' then
-    reply, second = transfer_granted(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+    reply, second = transfer_granted(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
   else
     ran = false
   end
@@ -128,9 +128,10 @@ for _ = 1, tonumber(ARGV[1]) do
     ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false, op == 'r')
     k = k + 1
   elseif op == 'u' then
-    ok, reply, second = pcall(transfer_granted, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4])
+    ok, reply, second = pcall(transfer_granted, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
+      ARGV[a + 5], ARGV[a + 6])
     k = k + 2
-    five = true
+    width = 7
   else
     five = op == 'W' or op == 'V' or op == 'F' or op == 'G' or op == 't'
     if op == 'w' or op == 'W' or op == 'v' or op == 'V' then

@@ -90,8 +90,21 @@ pub(crate) enum Op {
         from: Str,
         to: Str,
         lease_ms: i64,
-        granted: Option<u64>,
+        granted: Option<Granted>,
     },
+}
+
+/// A handoff that the client granted already, as its record in Redis says it (see
+/// `scripts/transfer_granted.lua`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Granted {
+    /// The receiving hold's token.
+    pub(crate) token: u64,
+    /// The fence's value that this client's last record of the lock left, if it knows one.
+    pub(crate) expect: Option<u64>,
+    /// The fence's value to set: the token, or above it to reserve the tokens in between for
+    /// handoffs that are not recorded one by one (see `handoff.rs`).
+    pub(crate) fence_to: u64,
 }
 
 impl Op {
@@ -616,18 +629,25 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                 granted,
             } => {
                 keys.extend([Key::from(lock), Key::from(fence)]);
-                let (op, last) = match granted {
-                    // The token as digits: the script compares it with the fence as a string.
-                    Some(token) => ("u", Value::from(token.to_string())),
-                    None => ("t", Value::from(channel.clone())),
-                };
+                let op = if granted.is_some() { "u" } else { "t" };
                 args.extend([
                     Value::from_static_str(op),
                     Value::from(from.clone()),
                     Value::from(to.clone()),
                     Value::from(*lease_ms),
-                    last,
                 ]);
+                match granted {
+                    // As digits: the script compares them with the fence as strings.
+                    Some(granted) => args.extend([
+                        Value::from(granted.token.to_string()),
+                        match granted.expect {
+                            Some(expect) => Value::from(expect.to_string()),
+                            None => Value::from_static_str(""),
+                        },
+                        Value::from(granted.fence_to.to_string()),
+                    ]),
+                    None => args.push(Value::from(channel.clone())),
+                }
             }
         }
     }

@@ -86,7 +86,11 @@ impl Core {
         jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     ) -> Core {
         let holds = Holds::new(config.get_metrics_lock_names());
-        let handoffs = Handoffs::new(config.get_handoff_limit(), config.get_handoff_window());
+        let handoffs = Handoffs::new(
+            config.get_handoff_limit(),
+            config.get_handoff_window(),
+            config.get_unrecorded_handoffs(),
+        );
         Core {
             id: Uuid::new_v4(),
             masters,
@@ -152,17 +156,29 @@ impl Core {
     /// the close and sends nothing. (Checked only before, an attempt that registered its hold just
     /// after the snapshot could send a grant that nothing released: its undo found the connections
     /// closed.)
+    ///
+    /// Handoffs of the lock that Redis has not recorded yet are recorded first (see `handoff.rs`),
+    /// by the releaser: cancelling this leaves them to it.
     pub(crate) async fn open_hold(
-        &self,
+        self: &Arc<Self>,
         keys: &Arc<LockKeys>,
         owner: &Str,
     ) -> Result<(Arc<Hold>, tokio::sync::OwnedMutexGuard<()>), Error> {
-        let (hold, ops) = self.holds.lock_hold(keys, owner).await;
-        if self.is_closed() {
-            self.holds.retire_if_idle(&hold);
-            return Err(Error::Shutdown);
+        loop {
+            let (hold, ops) = self.holds.lock_hold(keys, owner).await;
+            if self.is_closed() {
+                self.holds.retire_if_idle(&hold);
+                return Err(Error::Shutdown);
+            }
+            // Held here by handoffs that Redis has not recorded (by this hold or another): they are
+            // recorded first. Redis holds the lock for the hold it recorded last, which may be an
+            // ended generation of this owner, which an attempt replaces (see acquire.lua).
+            if !self.hands_over(keys) || !self.handoffs.owes(&keys.lock) {
+                return Ok((hold, ops));
+            }
+            drop(ops);
+            self.handoffs.settle(self, keys).await;
         }
-        Ok((hold, ops))
     }
 
     /// One acquisition attempt: a single round over the masters (two when a reentrant acquisition
@@ -349,7 +365,7 @@ impl Core {
             Job::Resync { resync, .. } | Job::Settle { resync, .. } => {
                 Some((resync.keys.clone(), resync.field.clone()))
             }
-            Job::Release { .. } => None,
+            Job::Release { .. } | Job::Record { .. } => None,
         };
         if let Some((keys, field)) = &undo {
             self.track_undo(keys, field, 1);
@@ -401,6 +417,11 @@ impl Core {
             return;
         }
         let holds = self.holds.snapshot();
+        // What Redis holds for handoffs not recorded yet goes too.
+        let unrecorded = self.handoffs.unrecorded();
+        let unrecorded = unrecorded
+            .iter()
+            .map(|(keys, field)| quorum::release(&self.masters, keys, field, 0));
         let releases = holds.iter().map(|hold| async move {
             let _ops = hold.ops.clone().lock_owned().await;
             let field = {
@@ -415,7 +436,11 @@ impl Core {
             self.holds.retire_if_idle(hold);
         });
         let releases = async {
-            futures::future::join_all(releases).await;
+            futures::future::join(
+                futures::future::join_all(releases),
+                futures::future::join_all(unrecorded),
+            )
+            .await;
             // Undos still retrying in the background stop at shutdown: finish them here.
             let undos: Vec<_> = self
                 .undos

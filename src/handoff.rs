@@ -16,6 +16,18 @@
 //! whose outcome is unknown may have replaced that field); nor after a hold shorter than the last
 //! handoff's call, where it gains nothing.
 //!
+//! Most handoffs make no call at all ([`LockConfig::unrecorded_handoffs`]): a call that records a
+//! handoff raises the fence that many tokens past the token it records (a reserve), and the next
+//! handoffs hand out those tokens without asking Redis ([`Core::unrecorded_grant`]). Redis goes on
+//! holding the lock for the hold it recorded, with that hold's lease, which the new holders inherit
+//! (pending, as after an early grant); an acquisition elsewhere draws above the reserve. The next
+//! call records the latest holder from the recorded hold's field, with the fence compared with
+//! the reserve's end that this client left there: the next handoff past the reserve, or
+//! [`UNRECORDED_MAX`] after the first unrecorded one ([`Job::Record`]), or the holder's own
+//! operation (re-entry, or a release with nobody to hand on to: [`Core::record_owed`]), or any
+//! other attempt of this client at the lock ([`Core::open_hold`]): Redis names the recorded
+//! owner, whose next attempt would replace that ended hold of its own (see acquire.lua).
+//!
 //! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
 //! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
 //! most [`handoff_limit`](crate::LockConfig::handoff_limit) handoffs of a lock follow each other,
@@ -23,17 +35,20 @@
 //! lock and publishes, so that other clients' waiters get their turn.
 //!
 //! Only where one script call decides: plain locks on one master without synced writes.
+//!
+//! [`LockConfig::unrecorded_handoffs`]: crate::LockConfig::unrecorded_handoffs
 
 use fred::bytes_utils::Str;
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
+use crate::batch::Granted;
 use crate::core::{Core, UndoOnDrop};
 use crate::hold::{Grant, Hold, Job, LeaseMode};
 use crate::keys::{Kind, LockKeys};
@@ -46,11 +61,25 @@ const YIELD_RTTS: u32 = 4;
 const YIELD_MIN: Duration = Duration::from_millis(1);
 const YIELD_MAX: Duration = Duration::from_millis(20);
 
+/// How long handoffs may go unrecorded in Redis (see [`LockConfig::unrecorded_handoffs`]): the
+/// first of them schedules the record ([`Job::Record`]).
+///
+/// [`LockConfig::unrecorded_handoffs`]: crate::LockConfig::unrecorded_handoffs
+const UNRECORDED_MAX: Duration = Duration::from_millis(10);
+
 /// The waiters of this client that a release may hand a lock to, by lock key.
 pub(crate) struct Handoffs {
     queues: Mutex<HashMap<Str, Queue>>,
     limit: u32,
     window: Duration,
+    /// How many tokens a record reserves ahead for unrecorded handoffs.
+    reserve: u32,
+    /// How many locks are held by handoffs not recorded yet (see [`Queue::owed`]): an attempt
+    /// looks for them only while there are any.
+    owing: AtomicUsize,
+    /// Notified when handoffs not recorded were recorded, or the call failed (see
+    /// [`Handoffs::settle`]).
+    recorded: Notify,
     ids: AtomicU64,
     /// How long the last handoff's call took, in µs (see [`Core::early_grant`]).
     call_us: AtomicU64,
@@ -79,6 +108,37 @@ struct Queue {
     /// A release of this client that ends a streak is on its way: set to `true` once its outcome
     /// is known (see [`Ending`]).
     ending: Option<watch::Sender<bool>>,
+    /// The hold Redis holds the lock by, as this client's last handoff call recorded it, while
+    /// that stands.
+    recorded: Option<Recorded>,
+    /// The hold that holds the lock by handoffs Redis has not recorded yet, if one does.
+    owed: Option<Owed>,
+}
+
+/// The hold Redis holds a lock by (see [`Queue::recorded`]).
+#[derive(Clone)]
+struct Recorded {
+    hold: Arc<Hold>,
+    gen: u64,
+    field: Str,
+    /// The fence's value in Redis: the tokens up to it are this client's to hand out without a
+    /// call. `None`: at the hold's own token.
+    ceiling: Option<u64>,
+}
+
+/// A hold granted by handoffs that Redis has not recorded (see [`Queue::owed`]).
+struct Owed {
+    hold: Arc<Hold>,
+    gen: u64,
+    /// When the first of them was made.
+    since: Instant,
+}
+
+/// How Redis holds a lock for the hold that is about to hand it on (see [`Handoffs::via`]).
+struct Via {
+    recorded: Recorded,
+    /// The hold holds it by unrecorded handoffs since then; `None`: Redis recorded the hold itself.
+    owed_since: Option<Instant>,
 }
 
 impl Queue {
@@ -96,6 +156,8 @@ impl Queue {
         self.waiting.is_empty()
             && self.streak == 0
             && self.ending.is_none()
+            && self.recorded.is_none()
+            && self.owed.is_none()
             && self.yield_until.is_none_or(|until| until <= Instant::now())
     }
 }
@@ -167,11 +229,14 @@ impl Drop for Ending<'_> {
 }
 
 impl Handoffs {
-    pub(crate) fn new(limit: u32, window: Duration) -> Handoffs {
+    pub(crate) fn new(limit: u32, window: Duration, reserve: u32) -> Handoffs {
         Handoffs {
             queues: Mutex::new(HashMap::new()),
             limit,
             window,
+            reserve,
+            owing: AtomicUsize::new(0),
+            recorded: Notify::new(),
             ids: AtomicU64::new(0),
             call_us: AtomicU64::new(0),
         }
@@ -206,7 +271,134 @@ impl Handoffs {
     pub(crate) fn granted(&self, lock: &str, hold: &Arc<Hold>, gen: u64) {
         if let Some(queue) = self.queues.lock().get_mut(lock) {
             queue.holder = Some((hold.clone(), gen));
+            // Redis granted it: whatever this client recorded of the lock is past.
+            if queue
+                .recorded
+                .as_ref()
+                .is_some_and(|r| !Arc::ptr_eq(&r.hold, hold) || r.gen != gen)
+            {
+                queue.recorded = None;
+            }
         }
+    }
+
+    /// How Redis holds `lock` for generation `gen` of `hold`, if by a handoff this client recorded
+    /// or by one it has not recorded yet.
+    fn via(&self, lock: &str, hold: &Arc<Hold>, gen: u64) -> Option<Via> {
+        let queues = self.queues.lock();
+        let queue = queues.get(lock)?;
+        let recorded = queue.recorded.clone()?;
+        match &queue.owed {
+            Some(owed) => (Arc::ptr_eq(&owed.hold, hold) && owed.gen == gen).then_some(Via {
+                recorded,
+                owed_since: Some(owed.since),
+            }),
+            None => (Arc::ptr_eq(&recorded.hold, hold) && recorded.gen == gen).then_some(Via {
+                recorded,
+                owed_since: None,
+            }),
+        }
+    }
+
+    /// Generation `gen` of `hold` holds `lock` now by handoffs that Redis has not recorded, the
+    /// first of them made at `since`; true if this is the first.
+    fn owe(&self, lock: &Str, hold: &Arc<Hold>, gen: u64, since: Instant) -> bool {
+        let owed = Owed {
+            hold: hold.clone(),
+            gen,
+            since,
+        };
+        let mut queues = self.queues.lock();
+        let first = queues
+            .entry(lock.clone())
+            .or_default()
+            .owed
+            .replace(owed)
+            .is_none();
+        if first {
+            self.owing.fetch_add(1, Ordering::SeqCst);
+        }
+        first
+    }
+
+    /// Returns once `keys` is held by no handoffs that Redis has not recorded, which the
+    /// releaser records now ([`Job::Record`]). Cancel safe: the record goes on without it.
+    pub(crate) async fn settle(&self, core: &Arc<Core>, keys: &Arc<LockKeys>) {
+        loop {
+            let recorded = self.recorded.notified();
+            tokio::pin!(recorded);
+            recorded.as_mut().enable();
+            if !self.owes(&keys.lock) {
+                return;
+            }
+            // Asked again after each record: the holder may have handed the lock on meanwhile.
+            let asked = core.enqueue(Job::Record {
+                keys: keys.clone(),
+                at: None,
+            });
+            if !asked {
+                // The releaser is gone (its runtime shut down): nothing will record them.
+                return;
+            }
+            recorded.await;
+        }
+    }
+
+    /// Whether `lock` may be held by handoffs not recorded yet.
+    pub(crate) fn owes(&self, lock: &str) -> bool {
+        self.owing.load(Ordering::SeqCst) > 0 && self.owed(lock).is_some()
+    }
+
+    /// Takes the unrecorded handoffs that `hold` (its active generation) holds `lock` by, if it
+    /// does: the caller records them (the hold's operations held), and the hold Redis holds the
+    /// lock by is returned.
+    fn take_owed(&self, lock: &str, hold: &Arc<Hold>) -> Option<Recorded> {
+        let mut queues = self.queues.lock();
+        let queue = queues.get_mut(lock)?;
+        if !queue
+            .owed
+            .as_ref()
+            .is_some_and(|owed| Arc::ptr_eq(&owed.hold, hold))
+        {
+            return None;
+        }
+        // Of another generation of the hold, the record is stale: it goes all the same.
+        let gen = hold.state.lock().gen;
+        let owed = queue.owed.take()?;
+        self.owing.fetch_sub(1, Ordering::SeqCst);
+        (owed.gen == gen).then(|| queue.recorded.clone()).flatten()
+    }
+
+    /// The hold that holds `lock` by unrecorded handoffs, and since when.
+    fn owed(&self, lock: &str) -> Option<(Arc<Hold>, Instant)> {
+        let queues = self.queues.lock();
+        let owed = queues.get(lock)?.owed.as_ref()?;
+        Some((owed.hold.clone(), owed.since))
+    }
+
+    /// What a handoff call of `lock` left in Redis: `recorded` holds it (`None`: no record of this
+    /// client's stands).
+    fn set_recorded(&self, lock: &Str, recorded: Option<Recorded>) {
+        let mut queues = self.queues.lock();
+        if recorded.is_some() {
+            queues.entry(lock.clone()).or_default().recorded = recorded;
+        } else if let Some(queue) = queues.get_mut(lock) {
+            queue.recorded = None;
+            if queue.idle() {
+                queues.remove(lock);
+            }
+        }
+    }
+
+    /// The holds Redis holds locks by for handoffs not recorded yet (shutdown removes them).
+    pub(crate) fn unrecorded(&self) -> Vec<(Arc<LockKeys>, Str)> {
+        self.queues
+            .lock()
+            .values()
+            .filter(|queue| queue.owed.is_some())
+            .filter_map(|queue| queue.recorded.as_ref())
+            .map(|recorded| (recorded.hold.keys.clone(), recorded.field.clone()))
+            .collect()
     }
 
     /// Why an attempt of `owner` at `lock` would be wasted or unfair now, if it would: until when
@@ -270,13 +462,21 @@ impl Handoffs {
         })
     }
 
-    /// A release of this client left `lock` free (and told every client), its call taking `rtt`;
+    /// A release of `hold` left its lock free (and told every client), its call taking `rtt`;
     /// `others`: whether subscribers of other clients heard its message (`None`: unknown). The
     /// streak starts again. If it ended a streak, this client's attempts hold back for a few such
     /// round trips (see [`hold_back`](Handoffs::hold_back)).
-    pub(crate) fn freed(&self, lock: &str, rtt: Duration, others: Option<bool>) {
+    pub(crate) fn freed(&self, hold: &Arc<Hold>, rtt: Duration, others: Option<bool>) {
+        let lock = &*hold.keys.lock;
         let mut queues = self.queues.lock();
         if let Some(queue) = queues.get_mut(lock) {
+            if queue
+                .recorded
+                .as_ref()
+                .is_some_and(|r| Arc::ptr_eq(&r.hold, hold))
+            {
+                queue.recorded = None;
+            }
             if queue.full || queue.streak >= self.limit {
                 queue.yield_until = Some(Instant::now() + (rtt * YIELD_RTTS).clamp(YIELD_MIN, YIELD_MAX));
                 queue.yield_woken = others == Some(true);
@@ -363,8 +563,10 @@ impl Core {
     /// or a later token was drawn): the caller then releases this hold as usual, announcing it.
     /// Called with the hold's `ops` lock held.
     ///
-    /// When this hold's lease outlasts the call ([`early_grant`](Core::early_grant)), the waiter
-    /// is granted the lock before the call, with the next token and this hold's lease end, and the
+    /// Where the reserve of the last record allows it ([`unrecorded_grant`](Core::unrecorded_grant)),
+    /// the waiter is granted the lock with no call at all: the next call records it. Else, when
+    /// this hold's lease outlasts the call ([`early_grant`](Core::early_grant)), the waiter is
+    /// granted the lock before the call, with the next token and this hold's lease end, and the
     /// call records that in Redis (`scripts/transfer_granted.lua`): its answer extends the waiter's
     /// lease, or ends the grant as lost. Otherwise the call draws the token and the waiter is
     /// granted once it answers. If the call's outcome is unknown, both holds are brought in line
@@ -390,6 +592,84 @@ impl Core {
         let ask = self.ask(&to, &candidate.owner, mode);
         let start = Instant::now();
         let lease_end = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
+        let mut via = self.handoffs.via(&keys.lock, hold, gen);
+        if let Some((token, until)) = via
+            .as_ref()
+            .and_then(|via| self.unrecorded_grant(hold, gen, via, start))
+        {
+            let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) else {
+                // Shut down meanwhile.
+                self.holds.retire_if_idle(&to);
+                return None;
+            };
+            let since = via.and_then(|via| via.owed_since);
+            if self
+                .handoffs
+                .owe(&keys.lock, &to, ask.gen, since.unwrap_or(start))
+            {
+                let at = start + UNRECORDED_MAX;
+                self.enqueue(Job::Record {
+                    keys: keys.clone(),
+                    at: Some(at),
+                });
+            }
+            if since.is_some() {
+                // Never recorded in Redis: nothing of it is left there.
+                settle_released(hold, gen);
+            }
+            self.deliver(hold, &to, candidate, grant);
+            // The waiter runs first, on this worker (see `record`).
+            tokio::task::yield_now().await;
+            return Some(Ok(()));
+        }
+        let mut owed = via.as_ref().is_some_and(|via| via.owed_since.is_some());
+        let mut early = self.early_grant(hold, gen, start, owed);
+        if owed && early.is_none() {
+            // Recorded first, then handed over from its own field.
+            self.record_owed(hold).await;
+            via = self.handoffs.via(&keys.lock, hold, gen);
+            owed = false;
+            early = self.early_grant(hold, gen, start, false);
+        }
+        if let Some((token, until)) = early {
+            let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) else {
+                // Shut down meanwhile.
+                self.holds.retire_if_idle(&to);
+                return None;
+            };
+            let from = if owed {
+                self.handoffs.take_owed(&keys.lock, hold)
+            } else {
+                via.map(|via| via.recorded)
+            };
+            let from = from.unwrap_or_else(|| Recorded {
+                hold: hold.clone(),
+                gen,
+                field: field.clone(),
+                ceiling: None,
+            });
+            self.deliver(hold, &to, candidate, grant);
+            let recorded = self.record(from, &to, token, true).await;
+            self.note_call(start);
+            // The waiter's operations wait for the call's answer (see `early_grant`).
+            drop(to_ops);
+            return match recorded {
+                Ok(true) => {
+                    settle_released(hold, gen);
+                    Some(Ok(()))
+                }
+                // Not handed: the waiter lost its grant, and the caller releases this hold as
+                // usual.
+                Ok(false) => {
+                    self.holds.retire_if_idle(&to);
+                    None
+                }
+                Err(err) => {
+                    self.holds.retire_if_idle(&to);
+                    Some(Err(err))
+                }
+            };
+        }
         let mut undo_from = UndoOnDrop {
             core: self,
             resync: Some(hold.resync(field, gen)),
@@ -398,71 +678,28 @@ impl Core {
             core: self,
             resync: Some(to.resync(&ask.field, ask.gen)),
         };
-        // Declared after the undos, so dropped before them: a pending grant is ended first, and
-        // its hold's undo then removes what may have reached Redis of it.
-        let mut pending = None;
-        let mut granted = None;
-        let mut candidate = Some(candidate);
-        if let Some((token, until)) = self.early_grant(hold, gen, start) {
-            if let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) {
-                pending = Some(Pending {
-                    hold: &to,
-                    gen: ask.gen,
-                    settled: false,
-                });
-                granted = Some(token);
-                // If the call's outcome stays unknown, the fence goes up to the waiter's token
-                // before the undo can free the lock (the call may never have run).
-                if let Some(resync) = undo_from.resync.as_mut() {
-                    resync.fence_floor = Some(token);
-                }
-                if let Some(candidate) = candidate.take() {
-                    self.deliver(hold, &to, candidate, grant);
-                }
-                // The waiter runs first, on this worker, before the call is sent: otherwise the
-                // call's sending takes its place (tokio runs the task woken last next), and it
-                // waits for it or for the other worker to wake. Idle gap p50 in the hot-lock
-                // bench 11-21 against 24-46 µs.
-                tokio::task::yield_now().await;
-            }
-        }
         let handed = self.masters.nodes[0]
-            .transfer(keys, field, &ask.field, ask.lease, granted)
+            .transfer(keys, field, &ask.field, ask.lease, None)
             .await;
-        let took = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
-        self.handoffs.call_us.store(took, Ordering::Relaxed);
+        self.note_call(start);
         let handed = match handed {
             Ok(handed) => handed,
             Err(err) => {
                 // Unknown: both are brought in line once the server answers (the undos); the
-                // waiter tries itself (its sender dropped), or loses its early grant.
-                drop(pending);
+                // waiter tries itself (its sender dropped).
                 self.holds.retire_if_idle(&to);
                 return Some(Err(err));
             }
         };
         undo_from.resync = None;
         undo_to.resync = None;
+        // The call drew a token from the fence: no reserve of this client's stands.
+        self.handoffs.set_recorded(&keys.lock, None);
         {
             let mut st = hold.state.lock();
             if st.gen == gen {
                 st.confirmed = handed.released.then_some(0);
             }
-        }
-        if let Some(mut pending) = pending {
-            if pending.settle(handed.token.is_some(), lease_end) {
-                // Lost meanwhile (its lease ran out first): what Redis recorded of it goes.
-                self.enqueue(Job::Resync {
-                    resync: to.resync(&ask.field, ask.gen),
-                    on: vec![0],
-                });
-            }
-            if handed.token.is_some() {
-                return Some(Ok(()));
-            }
-            // Not handed: the waiter lost its grant, and the caller releases this hold as usual.
-            self.holds.retire_if_idle(&to);
-            return None;
         }
         match handed
             .token
@@ -472,9 +709,7 @@ impl Core {
                 // The waiter's hold stays taken until the grant reached the waiter or was given
                 // back: a waiter that left (woken otherwise) and tries itself must not find the
                 // grant's count and re-enter a hold that is about to be given back.
-                if let Some(candidate) = candidate.take() {
-                    self.deliver(hold, &to, candidate, grant);
-                }
+                self.deliver(hold, &to, candidate, grant);
                 drop(to_ops);
             }
             Some(None) => {
@@ -494,24 +729,185 @@ impl Core {
         })
     }
 
+    /// How long the handoff call that started at `start` took (see [`Core::early_grant`]).
+    fn note_call(&self, start: Instant) {
+        let took = start.elapsed().as_micros().min(u128::from(u64::MAX)) as u64;
+        self.handoffs.call_us.store(took, Ordering::Relaxed);
+    }
+
+    /// Records in Redis that generation `gen` of `to` (its field, token and lease as its state
+    /// says) holds the lock that Redis holds for `from` (`scripts/transfer_granted.lua`), raising
+    /// the fence by the reserve for the next unrecorded handoffs. `to` was granted already
+    /// (pending): Redis's answer extends its lease, or ends it as lost (`Ok(false)`: refused). If
+    /// the outcome is unknown, both holds are brought in line in the background and `to` loses
+    /// the lock. Called with `to`'s operations held (by the caller or by the handoff that granted
+    /// it). `yield_first`: `to` was granted just now, and its waiter runs before the call is sent.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it mid-call leaves the outcome unknown: handled as above.
+    async fn record(
+        self: &Arc<Self>,
+        from: Recorded,
+        to: &Arc<Hold>,
+        token: u64,
+        yield_first: bool,
+    ) -> Result<bool, Error> {
+        let keys = &to.keys;
+        let (gen, field, lease) = {
+            let st = to.state.lock();
+            (st.gen, st.field.clone(), st.lease)
+        };
+        let start = Instant::now();
+        let lease_end = start + lease.saturating_sub(self.masters.config.drift(lease));
+        // If the call's outcome stays unknown, the fence goes up to the waiter's token before the
+        // undo can free the lock (the call may never have run).
+        let mut from_resync = from.hold.resync(&from.field, from.gen);
+        from_resync.fence_floor = Some(token);
+        let mut undo_from = UndoOnDrop {
+            core: self,
+            resync: Some(from_resync),
+        };
+        let mut undo_to = UndoOnDrop {
+            core: self,
+            resync: Some(to.resync(&field, gen)),
+        };
+        // Declared after the undos, so dropped before them: a pending grant is ended first, and
+        // its hold's undo then removes what may have reached Redis of it.
+        let mut pending = Pending {
+            hold: to,
+            gen,
+            settled: false,
+        };
+        if yield_first {
+            // The waiter runs first, on this worker, before the call is sent: otherwise the call's
+            // sending takes its place (tokio runs the task woken last next), and it waits for it
+            // or for the other worker to wake. Idle gap p50 in the hot-lock bench 11-21 against
+            // 24-46 µs.
+            tokio::task::yield_now().await;
+        }
+        let fence_to = token.saturating_add(u64::from(self.handoffs.reserve));
+        let granted = Granted {
+            token,
+            expect: from.ceiling,
+            fence_to,
+        };
+        let handed = self.masters.nodes[0]
+            .transfer(keys, &from.field, &field, lease, Some(granted))
+            .await;
+        let handed = match handed {
+            Ok(handed) => handed,
+            Err(err) => {
+                drop(pending);
+                return Err(err);
+            }
+        };
+        undo_from.resync = None;
+        undo_to.resync = None;
+        let granted = handed.token.is_some();
+        if pending.settle(granted, lease_end) {
+            // Lost meanwhile (its lease ran out first): what Redis recorded of it goes.
+            self.enqueue(Job::Resync {
+                resync: to.resync(&field, gen),
+                on: vec![0],
+            });
+        }
+        let recorded = granted.then(|| Recorded {
+            hold: to.clone(),
+            gen,
+            field,
+            ceiling: Some(fence_to),
+        });
+        self.handoffs.set_recorded(&keys.lock, recorded);
+        Ok(granted)
+    }
+
+    /// Records in Redis the handoffs that `hold` holds its lock by, if it holds it by handoffs
+    /// not recorded yet (see [`record`](Core::record)). Called with the hold's operations held.
+    pub(crate) async fn record_owed(self: &Arc<Self>, hold: &Arc<Hold>) {
+        let token = {
+            let st = hold.state.lock();
+            if !st.pending {
+                return;
+            }
+            st.token
+        };
+        self.record_taken(hold, token).await;
+    }
+
+    /// Records the handoffs that `hold` holds its lock by, if it does, with `token` (see
+    /// [`record_owed`](Core::record_owed)).
+    async fn record_taken(self: &Arc<Self>, hold: &Arc<Hold>, token: u64) {
+        if let Some(from) = self.handoffs.take_owed(&hold.keys.lock, hold) {
+            if let Err(err) = self.record(from, hold, token, false).await {
+                tracing::warn!(lock = %hold.keys.name, %err, "handoffs not recorded: the lock is lost");
+            }
+            self.handoffs.recorded.notify_waiters();
+        }
+    }
+
+    /// Records the handoffs of `keys` that went unrecorded, if any did: those made since `at` less
+    /// [`UNRECORDED_MAX`] or before (the releaser's [`Job::Record`]), or all (`at` `None`).
+    /// Called with no hold's operations held but, from [`open_hold`](Core::open_hold), the
+    /// operations of a hold that is not the one holding the lock: that one's operations never wait
+    /// for another hold's.
+    pub(crate) async fn record_late(self: &Arc<Self>, keys: &Arc<LockKeys>, at: Option<Instant>) {
+        // The holder may hand the lock on while this waits for its operations.
+        while let Some((hold, since)) = self.handoffs.owed(&keys.lock) {
+            if at.is_some_and(|at| since + UNRECORDED_MAX > at) {
+                // A later streak, with its own record on its way.
+                return;
+            }
+            let _ops = hold.ops.clone().lock_owned().await;
+            let token = hold.state.lock().token;
+            // Takes the record whether or not the hold is still pending: it ends the loop.
+            self.record_taken(&hold, token).await;
+        }
+    }
+
+    /// The token and lease end that a waiter may be handed the lock with and no call at all: the
+    /// next token after generation `gen` of `hold`, and that generation's own lease end, if Redis
+    /// holds the lock for it (`via`), the fence's reserve covers the token, the handoffs left
+    /// unrecorded began less than [`UNRECORDED_MAX`] ago, and the same safety as for
+    /// [`early_grant`](Core::early_grant) holds.
+    fn unrecorded_grant(&self, hold: &Hold, gen: u64, via: &Via, now: Instant) -> Option<(u64, Instant)> {
+        let ceiling = via.recorded.ceiling?;
+        if via
+            .owed_since
+            .is_some_and(|since| now.saturating_duration_since(since) >= UNRECORDED_MAX)
+        {
+            return None;
+        }
+        let (token, deadline) = self.safe_to_hand(hold, gen, now, via.owed_since.is_some())?;
+        (token <= ceiling).then_some((token, deadline))
+    }
+
     /// The token and lease end that a waiter may be handed the lock with before Redis records it:
-    /// the next token after generation `gen` of `hold`, and that generation's own lease end, if it
-    /// is still the hold's, not lost, and safe for twice as long as a call to the node may take
-    /// (its answer then comes, or its bound runs out, well before the waiter's lease ends). Redis
-    /// holds the lock for one hold or the other throughout, for as long as the waiter's lease.
+    /// the next token after generation `gen` of `hold`, and that generation's own lease end, if
+    /// [`safe_to_hand`](Core::safe_to_hand). `owed`: the hold holds the lock by handoffs not
+    /// recorded yet.
     ///
     /// Nor when this hold was held for less time than the last handoff's call took: a waiter
     /// granted early that releases before the call's answer waits for it all the same (its
     /// operations queue behind the call), and its early start only cost it a wake-up more. Locks
     /// held longer than a round trip gain it.
-    fn early_grant(&self, hold: &Hold, gen: u64, now: Instant) -> Option<(u64, Instant)> {
-        let st = hold.state.lock();
+    fn early_grant(&self, hold: &Hold, gen: u64, now: Instant, owed: bool) -> Option<(u64, Instant)> {
         let call = Duration::from_micros(self.handoffs.call_us.load(Ordering::Relaxed));
-        if now.saturating_duration_since(st.since) < call {
+        if now.saturating_duration_since(hold.state.lock().since) < call {
             return None;
         }
+        self.safe_to_hand(hold, gen, now, owed)
+    }
+
+    /// The next token after generation `gen` of `hold` and that generation's lease end, if it is
+    /// still the hold's, not lost, and safe for twice as long as a call to the node may take (its
+    /// answer then comes, or its bound runs out, well before the waiter's lease ends). Redis holds
+    /// the lock for one hold or the other throughout, for as long as the waiter's lease. `owed`:
+    /// the hold holds the lock by handoffs not recorded yet (it is pending until they are).
+    fn safe_to_hand(&self, hold: &Hold, gen: u64, now: Instant, owed: bool) -> Option<(u64, Instant)> {
+        let st = hold.state.lock();
         let bound = self.masters.nodes[0].link.bound();
-        let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && !st.pending && st.token > 0;
+        let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && st.pending == owed && st.token > 0;
         // An undo on its way may concern an attempt of this owner that replaced this generation in
         // Redis (see acquire.lua), which only the call would find out.
         (usable && st.deadline > now + 2 * bound && !self.undo_pending(&hold.keys.lock))
@@ -528,6 +924,16 @@ impl Core {
             // The waiter left meanwhile.
             self.give_back(grant);
         }
+    }
+}
+
+/// Generation `gen` of `hold` released the lock by a handoff that Redis recorded, or that it will
+/// record from an earlier hold's field: nothing of it is left in Redis.
+fn settle_released(hold: &Hold, gen: u64) {
+    let mut st = hold.state.lock();
+    if st.gen == gen {
+        st.pending = false;
+        st.confirmed = Some(0);
     }
 }
 

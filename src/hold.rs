@@ -210,6 +210,12 @@ pub(crate) enum Job {
         on: Vec<usize>,
         answers: Pin<Box<dyn Future<Output = Vec<usize>> + Send>>,
     },
+    /// Record in Redis, at `at`, the handoffs of lock `keys` that went unrecorded since then (see
+    /// `handoff.rs`), if they still are; `None`: now, all of them.
+    Record {
+        keys: Arc<LockKeys>,
+        at: Option<Instant>,
+    },
 }
 
 /// One hold generation to bring in line, on some nodes.

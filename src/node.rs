@@ -16,7 +16,7 @@ use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
-use crate::batch::{Batcher, Ints, Op};
+use crate::batch::{Batcher, Granted, Ints, Op};
 use crate::deadline::Deadlines;
 use crate::keys::{Kind, LockKeys, SemaphoreKeys};
 use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
@@ -445,7 +445,7 @@ impl Node {
         from: &Str,
         to: &Str,
         lease: Duration,
-        granted: Option<u64>,
+        granted: Option<Granted>,
     ) -> Result<Handed, Error> {
         let op = || Op::Transfer {
             lock: keys.lock.clone(),
@@ -457,9 +457,9 @@ impl Node {
             granted,
         };
         match (granted, self.run_batched(op).await?.as_slice()) {
-            (Some(token), [released @ (0 | 1), handed @ (0 | 1)]) => Ok(Handed {
+            (Some(granted), [released @ (0 | 1), handed @ (0 | 1)]) => Ok(Handed {
                 released: *released == 1,
-                token: (*handed == 1).then_some(token),
+                token: (*handed == 1).then_some(granted.token),
             }),
             (None, [released @ (0 | 1), 1, _, token]) => Ok(Handed {
                 released: *released == 1,

@@ -67,6 +67,16 @@ async fn run_job(core: Arc<Core>, job: Job) {
                 resync_until_answered(Arc::downgrade(&core), resync, on).await;
             }
         }
+        Job::Record { keys, at } => {
+            // Keeps no core alive while it waits.
+            let core = Arc::downgrade(&core);
+            if let Some(at) = at {
+                tokio::time::sleep_until(at).await;
+            }
+            if let Some(core) = core.upgrade() {
+                core.record_late(&keys, at).await;
+            }
+        }
     }
 }
 
@@ -150,6 +160,8 @@ async fn release_in_span(
         }
         // Redis refused a grant made early: released below as if nobody had waited.
     }
+    // Held by handoffs Redis has not recorded: recorded first, so that this release finds its field.
+    core.record_owed(hold).await;
     // This client's waiters hold back while a release that ends a handoff streak is on its way.
     let ending = (target == 0)
         .then(|| core.handoffs.ending(&hold.keys.lock))
@@ -164,7 +176,7 @@ async fn release_in_span(
         let channel = hold.keys.wait_channel();
         let ours = |i: usize| u32::from(core.masters.nodes[i].waiters.subscribed(channel));
         let others = outcome.heard.map(|(i, heard)| heard > ours(i));
-        core.handoffs.freed(&hold.keys.lock, sent.elapsed(), others);
+        core.handoffs.freed(hold, sent.elapsed(), others);
     }
     drop(ending);
     {

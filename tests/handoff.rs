@@ -177,14 +177,17 @@ async fn a_waiter_that_comes_back_at_once_finds_the_channel_live() {
         "no attempt: another owner here holds it"
     );
 
-    // Handed back in one call.
+    // Handed back without a call: Redis records it later (unrecorded handoffs).
     second.release().await.unwrap();
     let third = tokio::time::timeout(Duration::from_secs(2), back)
         .await
         .expect("handed back")
         .unwrap();
-    assert_eq!(server.script_calls() - scripts, 1, "the transfer only");
+    assert_eq!(server.script_calls() - scripts, 0, "not recorded yet");
+    // Its release records it first (one call), then releases it.
     third.release().await.unwrap();
+    assert_eq!(server.script_calls() - scripts, 1, "the record only");
+    assert!(!server.exists(&lock_key(&name)), "released");
     // A fresh hold that nobody waits for: its release publishes nothing, though the channel
     // lingers (a lingering channel is no waiter of this client's).
     let published = server.command_calls("publish");
@@ -418,10 +421,11 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
 
     let second_field = server.hold_field(&h.key);
     assert_ne!(second_field, first_field, "the hold moved in Redis");
+    let reserve = LockConfig::default().get_unrecorded_handoffs();
     assert_eq!(
         server.cmd(&["GET", &format!("{}:fence", h.key)]).as_str(),
-        Some((token + 1).to_string().as_str()),
-        "the fence is at the handed token"
+        Some((token + 1 + u64::from(reserve)).to_string().as_str()),
+        "the fence is past the handed token, by the reserve for unrecorded handoffs"
     );
     let ttl = server.cmd(&["PTTL", &h.key]).as_int().unwrap();
     assert!(ttl > 25_000, "the waiter's own lease, set by the call: {ttl} ms");
@@ -538,4 +542,123 @@ async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above
     next.release().await.unwrap();
     drop(second);
     close(&h.here, &h.there).await;
+}
+
+/// An owner of `here` that takes the lock `name` by a handoff that Redis recorded (a first owner
+/// held it, released it while this one waited): its owner and guard, and its field in Redis.
+async fn recorded_handoff(
+    server: &RedisServer,
+    here: &LockClient,
+    name: &str,
+) -> (Owner, relock::LockGuard, String) {
+    let first = here.lock(name).acquire().await.unwrap();
+    let owner = Owner::new();
+    let lock = here.lock(name);
+    let waiter = tokio::spawn(owner.clone().scope(async move { lock.acquire().await.unwrap() }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("the waiter is handed the lock")
+        .unwrap();
+    (owner, guard, server.hold_field(&lock_key(name)))
+}
+
+/// A guard's release hands the lock to the owner of `here` that waits for it (spawned here, asleep
+/// after one refusal): that owner's guard.
+async fn handed_on(here: &LockClient, name: &str, guard: relock::LockGuard) -> relock::LockGuard {
+    let lock = here.lock(name);
+    let waiter = tokio::spawn(async move { lock.acquire().await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    guard.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(2), waiter)
+        .await
+        .expect("handed on")
+        .unwrap()
+}
+
+/// Handoffs in a row go unrecorded in Redis (`LockConfig::unrecorded_handoffs`): no script call,
+/// Redis holding the lock for the owner it last recorded, until the next call records the latest
+/// owner, within 10 ms. Fencing tokens still rise, and the fence stays above every token handed out:
+/// a lock that Redis lets go of (this client crashed, say) is taken elsewhere with a larger token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handoffs_in_a_row_go_unrecorded_with_the_fence_above_their_tokens() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-unrecorded");
+    let key = lock_key(&name);
+    let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
+    let there = client(&server, config(8)).await;
+    let (_, recorded, recorded_field) = recorded_handoff(&server, &here, &name).await;
+
+    let scripts = server.script_calls();
+    let mut tokens = vec![recorded.fencing_token()];
+    let mut guard = recorded;
+    // Each handoff queues its waiter 300 ms before: the record of the first runs 10 ms after it.
+    let second = handed_on(&here, &name, guard).await;
+    tokens.push(second.fencing_token());
+    assert_eq!(server.script_calls() - scripts, 0, "handed on without a call");
+    assert_eq!(
+        server.hold_field(&key),
+        recorded_field,
+        "Redis records the first owner still"
+    );
+    let recorded_at = eventually(Duration::from_secs(2), || {
+        server.hold_field(&key) != recorded_field
+    })
+    .await;
+    assert!(recorded_at, "the latest owner is recorded within the window");
+    assert_eq!(server.script_calls() - scripts, 1, "in one call");
+    guard = second;
+    for _ in 0..3 {
+        guard = handed_on(&here, &name, guard).await;
+        tokens.push(guard.fencing_token());
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
+
+    // Redis lets go of the lock (as it would at its lease's end after a crash): the next token
+    // drawn is above every one handed out here.
+    let pending = handed_on(&here, &name, guard).await;
+    server.cmd(&["DEL", &key]);
+    let elsewhere = there.lock(&name).acquire().await.unwrap();
+    assert!(
+        elsewhere.fencing_token() > pending.fencing_token(),
+        "{} drawn elsewhere after {} handed out here",
+        elsewhere.fencing_token(),
+        pending.fencing_token()
+    );
+    elsewhere.release().await.unwrap();
+    drop(pending);
+    close(&here, &there).await;
+}
+
+/// Redis records a lock for an owner that handed it on without a call (see above). That owner's
+/// next attempt would replace its own ended hold there (see acquire.lua) and be granted while
+/// another owner holds the lock: the handoffs are recorded first, and the attempt is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_that_handed_the_lock_on_unrecorded_is_refused_on_its_next_attempt() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-unrecorded-owner");
+    let key = lock_key(&name);
+    let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
+    let (owner, recorded, recorded_field) = recorded_handoff(&server, &here, &name).await;
+    let scripts = server.script_calls();
+    let holder = handed_on(&here, &name, recorded).await;
+    assert_eq!(server.script_calls() - scripts, 0, "handed on without a call");
+    assert_eq!(server.hold_field(&key), recorded_field);
+
+    let lock = here.lock(&name);
+    let again = owner
+        .scope(async move { lock.try_acquire().await.unwrap() })
+        .await;
+    assert!(again.is_none(), "refused: another owner holds the lock");
+    assert_ne!(server.hold_field(&key), recorded_field, "the holder is recorded");
+    assert!(
+        tokio::time::timeout(Duration::from_millis(1), holder.lost())
+            .await
+            .is_err(),
+        "the holder keeps the lock"
+    );
+    holder.release().await.unwrap();
+    assert!(!server.exists(&key), "released");
+    here.shutdown().await;
 }
