@@ -349,24 +349,25 @@ impl Handoffs {
         self.owing.load(Ordering::SeqCst) > 0 && self.owed(lock).is_some()
     }
 
-    /// Takes the unrecorded handoffs that `hold` (its active generation) holds `lock` by, if it
-    /// does: the caller records them (the hold's operations held), and the hold Redis holds the
-    /// lock by is returned.
-    fn take_owed(&self, lock: &str, hold: &Arc<Hold>) -> Option<Recorded> {
+    /// Takes the unrecorded handoffs that generation `gen` of `hold` holds `lock` by, if it does:
+    /// the caller records them or releases the lock (the hold's operations held), and the hold
+    /// Redis holds the lock by is returned. Handoffs to an ended generation of the hold are stale:
+    /// they go all the same.
+    fn take_owed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) -> Option<Recorded> {
         let mut queues = self.queues.lock();
         let queue = queues.get_mut(lock)?;
-        if !queue
-            .owed
-            .as_ref()
-            .is_some_and(|owed| Arc::ptr_eq(&owed.hold, hold))
-        {
+        let owed = queue.owed.as_ref().filter(|owed| Arc::ptr_eq(&owed.hold, hold))?;
+        let current = hold.state.lock().gen;
+        if owed.gen != gen && owed.gen == current {
             return None;
         }
-        // Of another generation of the hold, the record is stale: it goes all the same.
-        let gen = hold.state.lock().gen;
         let owed = queue.owed.take()?;
         self.owing.fetch_sub(1, Ordering::SeqCst);
-        (owed.gen == gen).then(|| queue.recorded.clone()).flatten()
+        if owed.gen != gen {
+            self.recorded.notify_waiters();
+            return None;
+        }
+        queue.recorded.clone()
     }
 
     /// The hold that holds `lock` by unrecorded handoffs, and since when.
@@ -638,7 +639,7 @@ impl Core {
                 return None;
             };
             let from = if owed {
-                self.handoffs.take_owed(&keys.lock, hold)
+                self.handoffs.take_owed(&keys.lock, hold, gen)
             } else {
                 via.map(|via| via.recorded)
             };
@@ -753,6 +754,8 @@ impl Core {
         token: u64,
         yield_first: bool,
     ) -> Result<bool, Error> {
+        // Attempts that wait for the record go once it is done (or dropped: its undos are queued).
+        let _done = NotifyOnDrop(&self.handoffs.recorded);
         let keys = &to.keys;
         let (gen, field, lease) = {
             let st = to.state.lock();
@@ -822,6 +825,25 @@ impl Core {
         Ok(granted)
     }
 
+    /// Takes the handoffs not recorded yet that generation `gen` of `hold`, whose count is 0,
+    /// holds its lock by, if it does: its release then removes the hold that Redis recorded
+    /// instead of its own (returned: that hold, its generation and field). The fence is past this
+    /// hold's token already, by the record's reserve. Dropping the returned guard wakes the
+    /// attempts that wait for the record (see [`Handoffs::settle`]): after the release, then.
+    pub(crate) fn release_unrecorded(
+        &self,
+        hold: &Arc<Hold>,
+        gen: u64,
+    ) -> Option<(Arc<Hold>, u64, Str, NotifyOnDrop<'_>)> {
+        if !hold.state.lock().pending {
+            return None;
+        }
+        let recorded = self.handoffs.take_owed(&hold.keys.lock, hold, gen)?;
+        settle_released(hold, gen);
+        let done = NotifyOnDrop(&self.handoffs.recorded);
+        Some((recorded.hold, recorded.gen, recorded.field, done))
+    }
+
     /// Records in Redis the handoffs that `hold` holds its lock by, if it holds it by handoffs
     /// not recorded yet (see [`record`](Core::record)). Called with the hold's operations held.
     pub(crate) async fn record_owed(self: &Arc<Self>, hold: &Arc<Hold>) {
@@ -838,11 +860,11 @@ impl Core {
     /// Records the handoffs that `hold` holds its lock by, if it does, with `token` (see
     /// [`record_owed`](Core::record_owed)).
     async fn record_taken(self: &Arc<Self>, hold: &Arc<Hold>, token: u64) {
-        if let Some(from) = self.handoffs.take_owed(&hold.keys.lock, hold) {
+        let gen = hold.state.lock().gen;
+        if let Some(from) = self.handoffs.take_owed(&hold.keys.lock, hold, gen) {
             if let Err(err) = self.record(from, hold, token, false).await {
                 tracing::warn!(lock = %hold.keys.name, %err, "handoffs not recorded: the lock is lost");
             }
-            self.handoffs.recorded.notify_waiters();
         }
     }
 
@@ -924,6 +946,15 @@ impl Core {
             // The waiter left meanwhile.
             self.give_back(grant);
         }
+    }
+}
+
+/// Wakes the attempts that wait for a record of handoffs (see [`Handoffs::settle`]) when dropped.
+pub(crate) struct NotifyOnDrop<'a>(&'a Notify);
+
+impl Drop for NotifyOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
     }
 }
 

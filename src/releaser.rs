@@ -160,8 +160,20 @@ async fn release_in_span(
         }
         // Redis refused a grant made early: released below as if nobody had waited.
     }
-    // Held by handoffs Redis has not recorded: recorded first, so that this release finds its field.
-    core.record_owed(hold).await;
+    // Held by handoffs that Redis has not recorded: a release at 0 removes the hold that Redis
+    // recorded instead (the lock was this client's throughout); a release to a lower count needs
+    // this hold's own field, recorded first.
+    let unrecorded = if target == 0 {
+        core.release_unrecorded(hold, gen)
+    } else {
+        core.record_owed(hold).await;
+        None
+    };
+    let releasing = hold;
+    let (hold, gen, field) = match &unrecorded {
+        Some((recorded, gen, field, _)) => (recorded, *gen, field),
+        None => (hold, gen, field),
+    };
     // This client's waiters hold back while a release that ends a handoff streak is on its way.
     let ending = (target == 0)
         .then(|| core.handoffs.ending(&hold.keys.lock))
@@ -188,6 +200,7 @@ async fn release_in_span(
     if target == 0 {
         // Only now: until the release is sent, the same owner's next acquisition must queue
         // behind it on this hold rather than race it from a new one.
+        core.holds.retire_if_idle(releasing);
         core.holds.retire_if_idle(hold);
     }
     if !outcome.silent.is_empty() || !stragglers.is_empty() {
