@@ -189,9 +189,9 @@ impl LockConfig {
     /// many tokens ahead, which the unrecorded handoffs use, so that an acquisition elsewhere (after
     /// this client crashed, say) draws above every token handed out here.
     ///
-    /// What it costs: for up to 10 ms (or until the owner re-enters the lock or releases it without
-    /// handing it on, when the record is made first), [`LockClient::inspect`](crate::LockClient::inspect)
-    /// shows the owner Redis last recorded, and a release that hands the lock on returns before
+    /// What it costs: for up to 10 ms (or until the owner re-enters the lock, when the record is
+    /// made first, or releases it), [`LockClient::inspect`](crate::LockClient::inspect) shows the
+    /// owner Redis last recorded, and a release that hands the lock on returns before
     /// Redis confirmed it: a lock lost meanwhile (taken by force, or gone with a server that lost
     /// its data) is reported only to the owner that holds it when the record is made.
     pub fn unrecorded_handoffs(mut self, handoffs: u32) -> Self {

@@ -23,10 +23,11 @@
 //! (pending, as after an early grant); an acquisition elsewhere draws above the reserve. The next
 //! call records the latest holder from the recorded hold's field, with the fence compared with
 //! the reserve's end that this client left there: the next handoff past the reserve, or
-//! [`UNRECORDED_MAX`] after the first unrecorded one ([`Job::Record`]), or the holder's own
-//! operation (re-entry, or a release with nobody to hand on to: [`Core::record_owed`]), or any
-//! other attempt of this client at the lock ([`Core::open_hold`]): Redis names the recorded
-//! owner, whose next attempt would replace that ended hold of its own (see acquire.lua).
+//! [`UNRECORDED_MAX`] after the first unrecorded one ([`Job::Record`]), or the holder's re-entry
+//! ([`Core::record_owed`]), or any other attempt of this client at the lock ([`Core::open_hold`]):
+//! Redis names the recorded owner, whose next attempt would replace that ended hold of its own
+//! (see acquire.lua). A release with nobody to hand on to removes the recorded hold instead
+//! ([`Core::release_unrecorded`]): one call, as any release.
 //!
 //! Waiters of this client enter a queue per lock while they sleep ([`Handoffs::enter`]), first come
 //! first served. A release of a hold at count 0 ([`Core::hand_over`]) takes the first of them. At
