@@ -352,7 +352,8 @@ impl Handoffs {
 
     /// Takes the unrecorded handoffs that generation `gen` of `hold` holds `lock` by, if it does:
     /// the caller records them or releases the lock (the hold's operations held), and the hold
-    /// Redis holds the lock by is returned. Handoffs to an ended generation of the hold are stale:
+    /// Redis holds the lock by is returned. Handoffs to an ended generation of the hold are stale,
+    /// and so are handoffs with no record of this client's standing (Redis granted the lock since):
     /// they go all the same.
     fn take_owed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) -> Option<Recorded> {
         let mut queues = self.queues.lock();
@@ -364,11 +365,12 @@ impl Handoffs {
         }
         let owed = queue.owed.take()?;
         self.owing.fetch_sub(1, Ordering::SeqCst);
-        if owed.gen != gen {
+        let recorded = queue.recorded.clone().filter(|_| owed.gen == gen);
+        if recorded.is_none() {
+            // Nothing to record (stale, or no record stands): attempts that wait for it go now.
             self.recorded.notify_waiters();
-            return None;
         }
-        queue.recorded.clone()
+        recorded
     }
 
     /// The hold that holds `lock` by unrecorded handoffs, and since when.
