@@ -653,7 +653,7 @@ impl Core {
                 ceiling: None,
             });
             self.deliver(hold, &to, candidate, grant);
-            let recorded = self.record(from, &to, token, true).await;
+            let recorded = self.record(from, &to, true).await;
             self.note_call(start);
             // The waiter's operations wait for the call's answer (see `early_grant`).
             drop(to_ops);
@@ -739,8 +739,7 @@ impl Core {
         self.handoffs.call_us.store(took, Ordering::Relaxed);
     }
 
-    /// Records in Redis that generation `gen` of `to` (its field, token and lease as its state
-    /// says) holds the lock that Redis holds for `from` (`scripts/transfer_granted.lua`), raising
+    /// Records in Redis that `to` (its generation, field, token and lease as its state says) holds the lock that Redis holds for `from` (`scripts/transfer_granted.lua`), raising
     /// the fence by the reserve for the next unrecorded handoffs. `to` was granted already
     /// (pending): Redis's answer extends its lease, or ends it as lost (`Ok(false)`: refused). If
     /// the outcome is unknown, both holds are brought in line in the background and `to` loses
@@ -754,15 +753,14 @@ impl Core {
         self: &Arc<Self>,
         from: Recorded,
         to: &Arc<Hold>,
-        token: u64,
         yield_first: bool,
     ) -> Result<bool, Error> {
         // Attempts that wait for the record go once it is done (or dropped: its undos are queued).
         let _done = NotifyOnDrop(&self.handoffs.recorded);
         let keys = &to.keys;
-        let (gen, field, lease) = {
+        let (gen, field, lease, token) = {
             let st = to.state.lock();
-            (st.gen, st.field.clone(), st.lease)
+            (st.gen, st.field.clone(), st.lease, st.token)
         };
         let start = Instant::now();
         let lease_end = start + lease.saturating_sub(self.masters.config.drift(lease));
@@ -850,22 +848,17 @@ impl Core {
     /// Records in Redis the handoffs that `hold` holds its lock by, if it holds it by handoffs
     /// not recorded yet (see [`record`](Core::record)). Called with the hold's operations held.
     pub(crate) async fn record_owed(self: &Arc<Self>, hold: &Arc<Hold>) {
-        let token = {
-            let st = hold.state.lock();
-            if !st.pending {
-                return;
-            }
-            st.token
-        };
-        self.record_taken(hold, token).await;
+        if hold.state.lock().pending {
+            self.record_taken(hold).await;
+        }
     }
 
-    /// Records the handoffs that `hold` holds its lock by, if it does, with `token` (see
+    /// Records the handoffs that `hold` holds its lock by, if it does, pending or not (see
     /// [`record_owed`](Core::record_owed)).
-    async fn record_taken(self: &Arc<Self>, hold: &Arc<Hold>, token: u64) {
+    async fn record_taken(self: &Arc<Self>, hold: &Arc<Hold>) {
         let gen = hold.state.lock().gen;
         if let Some(from) = self.handoffs.take_owed(&hold.keys.lock, hold, gen) {
-            if let Err(err) = self.record(from, hold, token, false).await {
+            if let Err(err) = self.record(from, hold, false).await {
                 tracing::warn!(lock = %hold.keys.name, %err, "handoffs not recorded: the lock is lost");
             }
         }
@@ -873,9 +866,8 @@ impl Core {
 
     /// Records the handoffs of `keys` that went unrecorded, if any did: those made since `at` less
     /// [`UNRECORDED_MAX`] or before (the releaser's [`Job::Record`]), or all (`at` `None`).
-    /// Called with no hold's operations held but, from [`open_hold`](Core::open_hold), the
-    /// operations of a hold that is not the one holding the lock: that one's operations never wait
-    /// for another hold's.
+    /// Runs on the releaser, with no hold's operations held (an attempt that waits for it, in
+    /// [`open_hold`](Core::open_hold), let go of its own).
     pub(crate) async fn record_late(self: &Arc<Self>, keys: &Arc<LockKeys>, at: Option<Instant>) {
         // The holder may hand the lock on while this waits for its operations.
         while let Some((hold, since)) = self.handoffs.owed(&keys.lock) {
@@ -884,9 +876,8 @@ impl Core {
                 return;
             }
             let _ops = hold.ops.clone().lock_owned().await;
-            let token = hold.state.lock().token;
             // Takes the record whether or not the hold is still pending: it ends the loop.
-            self.record_taken(&hold, token).await;
+            self.record_taken(&hold).await;
         }
     }
 
