@@ -1,15 +1,18 @@
 //! The releaser: one task per client that brings Redis in line after guards go (a release from a
 //! drop, or one a caller awaits), undoes operations whose outcome is unknown (an attempt cancelled
 //! or timed out mid-round), and awaits the answers that a quorum's release did not wait for
-//! (`Job::Settle`, see `quorum::release_settled`). Jobs run concurrently, so their commands
-//! pipeline on each connection; a master that did not answer is retried with backoff until it
-//! does or until what the operation may have left there has run out by itself.
+//! (`Job::Settle`, see `quorum::release_settled`), and records handoffs left unrecorded
+//! (`Job::Record`, see `handoff.rs`; those due later wait in a heap behind one timer). Jobs run
+//! concurrently, so their commands pipeline on each connection; a master that did not answer is
+//! retried with backoff until it does or until what the operation may have left there has run out
+//! by itself.
 //!
 //! It stops when every sender is gone (every core of the process that used it dropped), after
-//! finishing the jobs in flight. It keeps no core alive but the ones its jobs carry, and a retry
-//! between tries keeps none.
+//! finishing the jobs in flight. It keeps no core alive but the ones its jobs carry, and neither a
+//! retry between tries nor a record waiting for its time keeps one.
 
 use fred::bytes_utils::Str;
+use std::collections::BinaryHeap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -21,22 +24,78 @@ use tracing::Instrument;
 
 use crate::core::Core;
 use crate::hold::{Hold, Job, Resync};
+use crate::keys::LockKeys;
 use crate::quorum;
 use crate::Error;
 
 /// The releaser task.
 pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
     let mut running = FuturesUnordered::new();
+    // Records due later (`Job::Record` with a time, one per streak of a hot lock): waited for by
+    // one timer, not a sleep each.
+    let mut later = BinaryHeap::new();
+    let mut order = 0u64;
+    let timer = tokio::time::sleep_until(Instant::now());
+    tokio::pin!(timer);
     loop {
+        if let Some(Later { at, .. }) = later.peek() {
+            if timer.deadline() != *at {
+                timer.as_mut().reset(*at);
+            }
+        }
         tokio::select! {
             job = rx.recv() => match job {
+                Some((core, Job::Record { keys, at: Some(at) })) => {
+                    // Keeps no core alive while it waits.
+                    order += 1;
+                    later.push(Later { at, order, core: Arc::downgrade(&core), keys });
+                }
                 Some((core, job)) => running.push(run_job(core, job)),
                 None => break,
             },
+            () = &mut timer, if !later.is_empty() => {
+                let now = Instant::now();
+                while later.peek().is_some_and(|next| next.at <= now) {
+                    let Some(due) = later.pop() else { break };
+                    if let Some(core) = due.core.upgrade() {
+                        running.push(run_job(core, Job::Record { keys: due.keys, at: Some(due.at) }));
+                    }
+                }
+            }
             Some(()) = running.next(), if !running.is_empty() => {}
         }
     }
+    // Every sender is gone: so are the cores that records were due for.
     while running.next().await.is_some() {}
+}
+
+/// A record due at `at` (see [`run`]); the earliest first, then in the order they came.
+struct Later {
+    at: Instant,
+    order: u64,
+    core: Weak<Core>,
+    keys: Arc<LockKeys>,
+}
+
+impl PartialEq for Later {
+    fn eq(&self, other: &Later) -> bool {
+        (self.at, self.order) == (other.at, other.order)
+    }
+}
+
+impl Eq for Later {}
+
+impl PartialOrd for Later {
+    fn partial_cmp(&self, other: &Later) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Later {
+    /// Reversed: `BinaryHeap` pops its greatest.
+    fn cmp(&self, other: &Later) -> std::cmp::Ordering {
+        (other.at, other.order).cmp(&(self.at, self.order))
+    }
 }
 
 async fn run_job(core: Arc<Core>, job: Job) {
@@ -67,16 +126,8 @@ async fn run_job(core: Arc<Core>, job: Job) {
                 resync_until_answered(Arc::downgrade(&core), resync, on).await;
             }
         }
-        Job::Record { keys, at } => {
-            // Keeps no core alive while it waits.
-            let core = Arc::downgrade(&core);
-            if let Some(at) = at {
-                tokio::time::sleep_until(at).await;
-            }
-            if let Some(core) = core.upgrade() {
-                core.record_late(&keys, at).await;
-            }
-        }
+        // Due now: one with a time waited for it in `run`.
+        Job::Record { keys, at } => core.record_late(&keys, at).await,
     }
 }
 
