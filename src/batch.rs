@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
 
 use fred::types::{Key, Value};
@@ -260,37 +261,39 @@ impl Batcher {
     /// future, boxed once per acquisition and release, would be that much larger).
     pub(crate) fn run(&self, op: Op) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
         let shared = &self.shared;
-        let (reply, rx) = oneshot::channel();
-        let role = {
+        let start = {
             let mut state = shared.state.lock();
             if state.in_flight < DIRECT_MAX && state.queue.is_empty() {
                 state.in_flight += 1;
-                Role::Direct(Slot(shared.clone()), vec![(op, reply)])
+                Start::Direct(Slot(shared.clone()), op)
             } else {
+                let (reply, rx) = oneshot::channel();
                 state.queue.push_back((op, reply));
-                if !state.leader && state.in_flight < MAX_IN_FLIGHT {
+                let role = if !state.leader && state.in_flight < MAX_IN_FLIGHT {
                     state.leader = true;
                     Role::Lead(Leading(shared))
                 } else {
                     Role::Follow
-                }
+                };
+                Start::Queued(role, rx)
             }
         };
-        async move {
-            Self::play(shared, role).await;
-            rx.await.unwrap_or(Err(Error::Shutdown))
+        // Two futures, not one async block over both: a block would keep the operation twice (in
+        // `start`, and in the call it is moved into).
+        match start {
+            // Its first poll, in the caller's first poll, hands the call to the connection: it is
+            // ordered after every operation sent before it, as a queued one would be.
+            Start::Direct(slot, op) => Either::Left(direct(&shared.link, op, slot)),
+            Start::Queued(role, rx) => Either::Right(async move {
+                Self::play(shared, role).await;
+                rx.await.unwrap_or(Err(Error::Shutdown))
+            }),
         }
     }
 
     /// An operation's part in sending: its own round, or the queue as leader, or none.
     async fn play(shared: &Arc<Shared>, role: Role<'_>) {
         match role {
-            Role::Direct(slot, batch) => {
-                let _slot = slot;
-                // Its first poll, in the caller's first poll, hands the call to the connection: it
-                // is ordered after every operation sent before it, as a queued one would be.
-                round(shared.link.clone(), batch).await;
-            }
             Role::Lead(leading) => {
                 // Let the tasks that are ready now queue their operations too, so that they go in
                 // this round rather than in one call each.
@@ -314,11 +317,17 @@ impl Batcher {
     }
 }
 
-/// What one operation does (see [`Batcher`]).
+/// Where an operation starts (see [`Batcher`]).
+enum Start<'a> {
+    /// A round of its own (its slot taken), run now by its caller, who gets the reply directly.
+    Direct(Slot, Op),
+    /// Queued, with its part in sending and the way its reply comes.
+    Queued(Role<'a>, oneshot::Receiver<Result<Ints, Error>>),
+}
+
+/// A queued operation's part in sending (see [`Batcher`]).
 enum Role<'a> {
-    /// Runs as a round of its own (its slot taken), now.
-    Direct(Slot, Vec<(Op, Reply)>),
-    /// Queued, and sends the queue.
+    /// Sends the queue.
     Lead(Leading<'a>),
     /// Queued: a leader or the task sends it.
     Follow,
@@ -386,20 +395,76 @@ async fn run(shared: Arc<Shared>) {
     }
 }
 
+/// A round of one operation, in its caller's task, its `slot` taken: no list of calls, no channel
+/// for the reply. With synced writes, a round as any other (its `WAIT` and undo are there).
+///
+/// Which of three futures is decided here, and each holds only what it needs: one async fn over
+/// the three would keep the operation twice and a synced round's state inline, and a batched
+/// operation's future above 1,024 bytes misses glibc's thread cache, which took about 500
+/// instructions more per box (callgrind, 2026-11-27).
+fn direct(
+    link: &Arc<NodeClient>,
+    op: Op,
+    slot: Slot,
+) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
+    if link.sync.is_some() {
+        return Either::Left(Either::Left(async move {
+            let _slot = slot;
+            let (reply, rx) = oneshot::channel();
+            Box::pin(round(link.clone(), vec![(op, reply)])).await;
+            rx.await.unwrap_or(Err(Error::Shutdown))
+        }));
+    }
+    crate::telemetry::batch(1);
+    match op.into_lone_release() {
+        Ok((lock, owner, channel)) => Either::Left(Either::Right(async move {
+            let _slot = slot;
+            // Boxed, as in `round`.
+            Box::pin(release_alone(link, lock, owner, channel)).await
+        })),
+        Err(op) => Either::Right(call_direct(link, op, slot)),
+    }
+}
+
+/// [`direct`]'s call of the batch script.
+async fn call_direct(link: &NodeClient, op: Op, slot: Slot) -> Result<Ints, Error> {
+    let _slot = slot;
+    let call = encode(std::iter::once(&op), link.topology.publish());
+    // Boxed: fred's command future (about 7 KB) held inline would make every batched operation's
+    // future that much larger (see `release_alone` in `round`).
+    let reply = Box::pin(link.call_one::<Vec<Value>>(batch_script(call.plain), call.keys, call.args)).await;
+    match reply {
+        Ok(flat) => {
+            let mut rest = flat.as_slice();
+            let reply = cut(&mut rest, &op).ok_or_else(|| malformed(1))?;
+            if !rest.is_empty() {
+                return Err(malformed(1));
+            }
+            reply
+        }
+        // A lone operation runs without a pcall: its error is the call's (see `answer`).
+        Err(err) => Err(Error::from_redis(err, op.lock())),
+    }
+}
+
 /// One round: the batch split by slot, one call per slot, all at once (in queue order).
 async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
-    if let ([(op, _)], None) = (batch.as_slice(), &link.sync) {
-        if let Some((lock, owner, channel)) = op.lone_release() {
-            crate::telemetry::batch(1);
-            // Boxed: fred's command future (about 7 KB) held inline would make every round's future,
-            // and every batched operation's above it, that much larger, acquisitions included. At
-            // 256 tasks that cost 2-3 µs of client CPU per cycle (2026-11-26, the bench's `--quick
-            // --only uncontended` alternated twice: 12.4-13.3 µs against 15.3-15.8).
-            let reply = Box::pin(release_alone(&link, lock, owner, channel)).await;
-            if let Some((_, tx)) = batch.pop() {
-                let _ = tx.send(reply);
+    if let ([_], None) = (batch.as_slice(), &link.sync) {
+        if let Some((op, tx)) = batch.pop() {
+            match op.into_lone_release() {
+                Ok((lock, owner, channel)) => {
+                    crate::telemetry::batch(1);
+                    // Boxed: fred's command future (about 7 KB) held inline would make every
+                    // round's future, and every batched operation's above it, that much larger,
+                    // acquisitions included. At 256 tasks that cost 2-3 µs of client CPU per
+                    // cycle (2026-11-26, the bench's `--quick --only uncontended` alternated
+                    // twice: 12.4-13.3 µs against 15.3-15.8).
+                    let reply = Box::pin(release_alone(&link, lock, owner, channel)).await;
+                    let _ = tx.send(reply);
+                    return;
+                }
+                Err(op) => batch.push((op, tx)),
             }
-            return;
         }
     }
     let groups = link.topology.by_slot(batch, |(op, _)| op.lock());
@@ -428,7 +493,7 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
 /// and its subscribers' count is unknown if the message fails).
 async fn release_alone(link: &NodeClient, lock: Str, owner: Str, channel: Str) -> Result<Ints, Error> {
     use fred::interfaces::{HashesInterface, PubsubInterface};
-    let mark = Str::from(format!("{owner}~"));
+    let mark = crate::keys::joined(&[&owner, "~"]);
     crate::telemetry::redis_call("release");
     let removed: i64 = link
         .batch
@@ -456,9 +521,11 @@ async fn release_alone(link: &NodeClient, lock: Str, owner: Str, channel: Str) -
 }
 
 impl Op {
-    /// A plain lock's unannounced release to count 0: its lock, owner and channel (see
-    /// [`release_alone`]).
-    fn lone_release(&self) -> Option<(Str, Str, Str)> {
+    /// A plain lock's unannounced release to count 0 (see [`release_alone`]): its lock, owner and
+    /// channel; else the operation.
+    // The operation comes back as it went in, moved (as large as any `Op`).
+    #[allow(clippy::result_large_err)]
+    fn into_lone_release(self) -> Result<(Str, Str, Str), Op> {
         match self {
             Op::Release {
                 lock,
@@ -467,8 +534,8 @@ impl Op {
                 channel,
                 kind: Kind::Plain,
                 announce: false,
-            } => Some((lock.clone(), owner.clone(), channel.clone())),
-            _ => None,
+            } => Ok((lock, owner, channel)),
+            op => Err(op),
         }
     }
 
@@ -743,26 +810,32 @@ async fn undo_unsynced(
 /// The batch script's flat reply cut into each operation's reply, decoded as it is cut: each
 /// operation's items follow their number (see `scripts/batch.lua`).
 fn split(flat: &[Value], batch: &[(Op, Reply)]) -> Result<Vec<Result<Ints, Error>>, Error> {
-    let malformed = || protocol_error(format!("batch of {} got a malformed reply", batch.len()));
     let mut rest = flat;
     let mut replies = Vec::with_capacity(batch.len());
     for (op, _) in batch {
-        let (count, after) = rest.split_first().ok_or_else(malformed)?;
-        let count = count
-            .as_i64()
-            .and_then(|count| usize::try_from(count).ok())
-            .ok_or_else(malformed)?;
-        if after.len() < count {
-            return Err(malformed());
-        }
-        let (items, after) = after.split_at(count);
-        replies.push(decode(op, items));
-        rest = after;
+        replies.push(cut(&mut rest, op).ok_or_else(|| malformed(batch.len()))?);
     }
     if !rest.is_empty() {
-        return Err(malformed());
+        return Err(malformed(batch.len()));
     }
     Ok(replies)
+}
+
+/// The next operation's reply off the front of `rest`, decoded; `None` if `rest` is too short.
+fn cut(rest: &mut &[Value], op: &Op) -> Option<Result<Ints, Error>> {
+    let (count, after) = rest.split_first()?;
+    let count = count.as_i64().and_then(|count| usize::try_from(count).ok())?;
+    if after.len() < count {
+        return None;
+    }
+    let (items, after) = after.split_at(count);
+    *rest = after;
+    Some(decode(op, items))
+}
+
+/// A batch script's reply that does not fit its `ops` operations.
+fn malformed(ops: usize) -> Error {
+    protocol_error(format!("batch of {ops} got a malformed reply"))
 }
 
 /// One operation's reply: a list of integers, or `{-1, message}` for an error of that operation.

@@ -312,7 +312,7 @@ impl Core {
         Ask {
             target: 1,
             gen,
-            field: crate::keys::formatted(format_args!("{owner}:{gen}")),
+            field: crate::keys::joined(&[owner, ":", crate::keys::decimal(gen, &mut [0; 20])]),
             lease,
         }
     }

@@ -301,8 +301,12 @@ impl Holds {
         if st.count == 0 && !st.retired {
             st.retired = true;
             let key = (hold.keys.lock.clone(), hold.owner.clone());
-            if holds.get(&key).is_some_and(|h| Arc::ptr_eq(h, hold)) {
-                holds.remove(&key);
+            // One lookup (a hash of both keys) where a `get` then `remove` made two: a hold found
+            // in its place is nearly always this one, and another is put back.
+            if let Some((key, other)) = holds.remove_entry(&key) {
+                if !Arc::ptr_eq(&other, hold) {
+                    holds.insert(key, other);
+                }
             }
         }
     }

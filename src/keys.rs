@@ -252,19 +252,29 @@ impl SemaphoreKeys {
     }
 }
 
-/// `text` as a `Str`, in one allocation of its exact size where it fits a stack buffer: a
-/// `format!` grows its string a few times and leaves spare capacity, which makes `Str` allocate
-/// once more. Every acquisition formats its owner id and its hold's field.
-pub(crate) fn formatted(text: std::fmt::Arguments<'_>) -> Str {
-    use std::io::Write;
-    const ROOM: usize = 96;
-    let mut buf = [0u8; ROOM];
-    let mut free = &mut buf[..];
-    if free.write_fmt(text).is_ok() {
-        let len = ROOM - free.len();
-        if let Ok(text) = std::str::from_utf8(&buf[..len]) {
-            return Str::from(text);
+/// `parts` one after the other as a `Str`, in one allocation of its exact size and without `fmt`'s
+/// machinery: a `format!` grows its string a few times and leaves spare capacity, which makes
+/// `Str` allocate and copy once more. Every acquisition builds its owner id and its hold's field.
+pub(crate) fn joined(parts: &[&str]) -> Str {
+    let mut text = String::with_capacity(parts.iter().map(|part| part.len()).sum());
+    for part in parts {
+        text.push_str(part);
+    }
+    // A `String` whose length is its capacity becomes a `Str` without a copy.
+    Str::from(text)
+}
+
+/// `n` in decimal, written at the end of `buf`.
+pub(crate) fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
         }
     }
-    std::fmt::format(text).into()
+    // Only ASCII digits were written.
+    std::str::from_utf8(&buf[at..]).unwrap_or_default()
 }

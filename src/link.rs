@@ -95,6 +95,18 @@ impl NodeClient {
         Box::pin(self.call_many_synced(script, calls, sync, replicas)).await
     }
 
+    /// One call of `script`, where writes are not synced: [`call_many`](Self::call_many) of one
+    /// call without its lists (a round of one operation, the common case under light load).
+    pub(crate) async fn call_one<R: fred::types::FromValue>(
+        &self,
+        script: &Script,
+        keys: Vec<Key>,
+        args: Vec<Value>,
+    ) -> Result<R, fred::error::Error> {
+        debug_assert!(self.sync.is_none(), "a synced call needs its WAIT: call_many");
+        self.run(script, &self.batch, keys, args).await
+    }
+
     /// [`call_many`](Self::call_many) with synced writes.
     async fn call_many_synced<R: fred::types::FromValue>(
         &self,
@@ -191,7 +203,12 @@ impl NodeClient {
         if !(script.batch && self.functions.load(Ordering::Relaxed)) {
             return script.run(client, keys, args).await;
         }
-        let slot = scripts::slot_of(&keys);
+        // Off a cluster nothing routes by slot: its hash is not worked out.
+        let slot = if self.topology.kind() == topology::Kind::Cluster {
+            scripts::slot_of(&keys)
+        } else {
+            0
+        };
         let err = match library().call(client, slot, keys, args).await {
             Err(err) => err,
             done => return done,

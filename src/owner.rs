@@ -82,7 +82,7 @@ impl Owner {
     /// The id stored in Redis: unique to the client, so the same `Owner` used through two clients
     /// gives two distinct holders.
     pub(crate) fn id_for(&self, client: &Uuid) -> Str {
-        client_id(client, format_args!("{}", self.0))
+        client_id(client, &self.0)
     }
 
     /// [`current`](Owner::current)`().id_for(client)`, formatted once for a task (every acquisition
@@ -92,15 +92,24 @@ impl Owner {
             return id;
         }
         match tokio::task::try_id() {
-            Some(task) => client_id(client, format_args!("t{task}")),
+            Some(task) => {
+                use std::io::Write;
+                // A task id is a number: `t` and its digits fit.
+                let mut buf = [0u8; 24];
+                let mut free = &mut buf[..];
+                let _ = write!(free, "t{task}");
+                let len = 24 - free.len();
+                client_id(client, std::str::from_utf8(&buf[..len]).unwrap_or("t"))
+            }
             None => Owner::current().id_for(client),
         }
     }
 }
 
 /// `client` (its simple form), `:` and `rest`.
-fn client_id(client: &Uuid, rest: std::fmt::Arguments<'_>) -> Str {
-    crate::keys::formatted(format_args!("{}:{rest}", client.simple()))
+fn client_id(client: &Uuid, rest: &str) -> Str {
+    let mut simple = [0u8; uuid::fmt::Simple::LENGTH];
+    crate::keys::joined(&[client.simple().encode_lower(&mut simple), ":", rest])
 }
 
 #[cfg(test)]
@@ -113,7 +122,7 @@ mod tests {
         let owner = Owner::new();
         let long = "x".repeat(200);
         for rest in ["t42", &owner.0, &long] {
-            let id = client_id(&client, format_args!("{rest}"));
+            let id = client_id(&client, rest);
             assert_eq!(&*id, format!("{}:{rest}", client.simple()));
         }
         assert_eq!(

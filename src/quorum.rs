@@ -437,9 +437,12 @@ type Answers = FuturesUnordered<Pin<Box<dyn Future<Output = (usize, Result<Relea
 
 /// The answers of a release that [`release_settled`] did not wait for, counted against each of
 /// those masters' [`SETTLING_MAX`] until they come.
+///
+/// `answers` is `None` where nothing is left to await (every release on one master): an empty
+/// `FuturesUnordered` costs two allocations.
 #[derive(Default)]
 pub(crate) struct Stragglers {
-    answers: Answers,
+    answers: Option<Answers>,
     settling: Vec<Settling>,
 }
 
@@ -523,7 +526,7 @@ pub(crate) async fn release_settled(
             return (
                 out,
                 Stragglers {
-                    answers: pending,
+                    answers: Some(pending),
                     settling,
                 },
             );
@@ -534,10 +537,12 @@ pub(crate) async fn release_settled(
 
 /// The masters among `stragglers` (see [`release_settled`]) whose answer did not come: the release
 /// may or may not have landed there.
-pub(crate) async fn silent_among(mut stragglers: Stragglers) -> Vec<usize> {
+pub(crate) async fn silent_among(stragglers: Stragglers) -> Vec<usize> {
     let mut rest = Release::default();
-    while let Some((i, outcome)) = stragglers.answers.next().await {
-        rest.count(i, outcome);
+    if let Some(mut answers) = stragglers.answers {
+        while let Some((i, outcome)) = answers.next().await {
+            rest.count(i, outcome);
+        }
     }
     rest.silent
 }
