@@ -56,33 +56,37 @@ struct Shared {
     wake: Notify,
 }
 
-/// A deadline and the abort handle of its request, whose only strong reference the request holds:
-/// gone once the request finished or was dropped. Ordered earliest first, for the max-heap.
-struct Entry(Instant, Weak<AbortHandle>);
+/// Something due at an instant, ordered earliest first for a max-heap (`BinaryHeap` pops its
+/// greatest). Also the releaser's records due later.
+pub(crate) struct Due<T>(pub(crate) Instant, pub(crate) T);
 
-impl Entry {
-    fn done(&self) -> bool {
-        self.1.strong_count() == 0
-    }
-}
-
-impl PartialEq for Entry {
+impl<T> PartialEq for Due<T> {
     fn eq(&self, other: &Self) -> bool {
         self.0 == other.0
     }
 }
 
-impl Eq for Entry {}
+impl<T> Eq for Due<T> {}
 
-impl PartialOrd for Entry {
+impl<T> PartialOrd for Due<T> {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl Ord for Entry {
+impl<T> Ord for Due<T> {
     fn cmp(&self, other: &Self) -> Ordering {
         other.0.cmp(&self.0)
+    }
+}
+
+/// A deadline and the abort handle of its request, whose only strong reference the request holds:
+/// gone once the request finished or was dropped.
+type Entry = Due<Weak<AbortHandle>>;
+
+impl Entry {
+    fn done(&self) -> bool {
+        self.1.strong_count() == 0
     }
 }
 
@@ -138,7 +142,7 @@ impl Deadlines {
                 // Doubled before the next sweep: each sweep's cost is paid by as many pushes.
                 state.sweep_at = SWEEP_MIN.max(2 * heap.len());
             }
-            heap.push(Entry(deadline, Arc::downgrade(&abort)));
+            heap.push(Due(deadline, Arc::downgrade(&abort)));
             if state.alarm.is_none_or(|alarm| deadline < alarm) {
                 state.alarm = Some(deadline);
                 self.shared.wake.notify_one();

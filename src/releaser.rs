@@ -23,6 +23,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use crate::core::Core;
+use crate::deadline::Due;
 use crate::hold::{Hold, Job, Resync};
 use crate::keys::LockKeys;
 use crate::quorum;
@@ -33,12 +34,11 @@ pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
     let mut running = FuturesUnordered::new();
     // Records due later (`Job::Record` with a time, one per streak of a hot lock): waited for by
     // one timer, not a sleep each.
-    let mut later = BinaryHeap::new();
-    let mut order = 0u64;
+    let mut later: BinaryHeap<Later> = BinaryHeap::new();
     let timer = tokio::time::sleep_until(Instant::now());
     tokio::pin!(timer);
     loop {
-        if let Some(Later { at, .. }) = later.peek() {
+        if let Some(Due(at, _)) = later.peek() {
             if timer.deadline() != *at {
                 timer.as_mut().reset(*at);
             }
@@ -47,18 +47,17 @@ pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
             job = rx.recv() => match job {
                 Some((core, Job::Record { keys, at: Some(at) })) => {
                     // Keeps no core alive while it waits.
-                    order += 1;
-                    later.push(Later { at, order, core: Arc::downgrade(&core), keys });
+                    later.push(Due(at, (Arc::downgrade(&core), keys)));
                 }
                 Some((core, job)) => running.push(run_job(core, job)),
                 None => break,
             },
             () = &mut timer, if !later.is_empty() => {
                 let now = Instant::now();
-                while later.peek().is_some_and(|next| next.at <= now) {
-                    let Some(due) = later.pop() else { break };
-                    if let Some(core) = due.core.upgrade() {
-                        running.push(run_job(core, Job::Record { keys: due.keys, at: Some(due.at) }));
+                while later.peek().is_some_and(|next| next.0 <= now) {
+                    let Some(Due(at, (core, keys))) = later.pop() else { break };
+                    if let Some(core) = core.upgrade() {
+                        running.push(run_job(core, Job::Record { keys, at: Some(at) }));
                     }
                 }
             }
@@ -69,34 +68,8 @@ pub(crate) async fn run(mut rx: mpsc::UnboundedReceiver<(Arc<Core>, Job)>) {
     while running.next().await.is_some() {}
 }
 
-/// A record due at `at` (see [`run`]); the earliest first, then in the order they came.
-struct Later {
-    at: Instant,
-    order: u64,
-    core: Weak<Core>,
-    keys: Arc<LockKeys>,
-}
-
-impl PartialEq for Later {
-    fn eq(&self, other: &Later) -> bool {
-        (self.at, self.order) == (other.at, other.order)
-    }
-}
-
-impl Eq for Later {}
-
-impl PartialOrd for Later {
-    fn partial_cmp(&self, other: &Later) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Later {
-    /// Reversed: `BinaryHeap` pops its greatest.
-    fn cmp(&self, other: &Later) -> std::cmp::Ordering {
-        (other.at, other.order).cmp(&(self.at, self.order))
-    }
-}
+/// A record due later (see [`run`]): the lock, and its core, which it does not keep alive.
+type Later = Due<(Weak<Core>, Arc<LockKeys>)>;
 
 async fn run_job(core: Arc<Core>, job: Job) {
     match job {
