@@ -398,40 +398,56 @@ async fn run(shared: Arc<Shared>) {
 /// A round of one operation, in its caller's task, its `slot` taken: no list of calls, no channel
 /// for the reply. With synced writes, a round as any other (its `WAIT` and undo are there).
 ///
-/// Which of three futures is decided here, and each holds only what it needs: one async fn over
-/// the three would keep the operation twice and a synced round's state inline, and a batched
-/// operation's future above 1,024 bytes misses glibc's thread cache, which took about 500
-/// instructions more per box (callgrind, 2026-11-27).
+/// Which future is decided here, and each holds only what it needs: one async fn over them would
+/// keep the operation twice and a synced round's state inline, and a batched operation's future
+/// above 1,024 bytes misses glibc's thread cache, which took about 500 instructions more per box
+/// (callgrind, 2026-11-27).
 fn direct(
     link: &Arc<NodeClient>,
     op: Op,
     slot: Slot,
 ) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
     if link.sync.is_some() {
-        return Either::Left(Either::Left(async move {
+        return Either::Left(async move {
             let _slot = slot;
             let (reply, rx) = oneshot::channel();
             Box::pin(round(link.clone(), vec![(op, reply)])).await;
             rx.await.unwrap_or(Err(Error::Shutdown))
-        }));
+        });
     }
+    Either::Right(alone(link, op, Some(slot)))
+}
+
+/// One operation sent by itself where writes are not synced (a direct round, or a queued round
+/// of one): a plain lock's lone release as an `HDEL` ([`release_alone`]), anything else as one
+/// call of the batch script, without the lists of a round of many. A direct round's `slot` is
+/// held to the end (a queued round's is held by its sender). The slot goes in, not around: a
+/// block around this future would keep it twice.
+fn alone(
+    link: &NodeClient,
+    op: Op,
+    slot: Option<Slot>,
+) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
     crate::telemetry::batch(1);
     match op.into_lone_release() {
-        Ok((lock, owner, channel)) => Either::Left(Either::Right(async move {
+        Ok((lock, owner, channel)) => Either::Left(async move {
             let _slot = slot;
-            // Boxed, as in `round`.
+            // Boxed: fred's command future (about 7 KB) held inline would make every round's
+            // future, and every batched operation's above it, that much larger, acquisitions
+            // included. At 256 tasks that cost 2-3 µs of client CPU per cycle (2026-11-26, the
+            // bench's `--quick --only uncontended` alternated twice: 12.4-13.3 µs against
+            // 15.3-15.8).
             Box::pin(release_alone(link, lock, owner, channel)).await
-        })),
-        Err(op) => Either::Right(call_direct(link, op, slot)),
+        }),
+        Err(op) => Either::Right(call_alone(link, op, slot)),
     }
 }
 
-/// [`direct`]'s call of the batch script.
-async fn call_direct(link: &NodeClient, op: Op, slot: Slot) -> Result<Ints, Error> {
+/// [`alone`]'s call of the batch script.
+async fn call_alone(link: &NodeClient, op: Op, slot: Option<Slot>) -> Result<Ints, Error> {
     let _slot = slot;
     let call = encode(std::iter::once(&op), link.topology.publish());
-    // Boxed: fred's command future (about 7 KB) held inline would make every batched operation's
-    // future that much larger (see `release_alone` in `round`).
+    // Boxed, as in `alone`.
     let reply = Box::pin(link.call_one::<Vec<Value>>(batch_script(call.plain), call.keys, call.args)).await;
     match reply {
         Ok(flat) => {
@@ -451,20 +467,8 @@ async fn call_direct(link: &NodeClient, op: Op, slot: Slot) -> Result<Ints, Erro
 async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
     if let ([_], None) = (batch.as_slice(), &link.sync) {
         if let Some((op, tx)) = batch.pop() {
-            match op.into_lone_release() {
-                Ok((lock, owner, channel)) => {
-                    crate::telemetry::batch(1);
-                    // Boxed: fred's command future (about 7 KB) held inline would make every
-                    // round's future, and every batched operation's above it, that much larger,
-                    // acquisitions included. At 256 tasks that cost 2-3 µs of client CPU per
-                    // cycle (2026-11-26, the bench's `--quick --only uncontended` alternated
-                    // twice: 12.4-13.3 µs against 15.3-15.8).
-                    let reply = Box::pin(release_alone(&link, lock, owner, channel)).await;
-                    let _ = tx.send(reply);
-                    return;
-                }
-                Err(op) => batch.push((op, tx)),
-            }
+            let _ = tx.send(alone(&link, op, None).await);
+            return;
         }
     }
     let groups = link.topology.by_slot(batch, |(op, _)| op.lock());
