@@ -443,14 +443,15 @@ fn alone(
     }
 }
 
-/// [`alone`]'s call of the batch script.
+/// [`alone`]'s call of the batch script: a fresh acquisition of a plain lock in short (see
+/// [`encode_fresh`]), anything else as a batch of one.
 async fn call_alone(link: &NodeClient, op: Op, slot: Option<Slot>) -> Result<Ints, Error> {
     let _slot = slot;
-    let call = encode(std::iter::once(&op), link.topology.publish());
+    let call = encode_fresh(&op).unwrap_or_else(|| encode(std::iter::once(&op), link.topology.publish()));
     // Boxed, as in `alone`.
-    let reply = Box::pin(link.call_one::<Vec<Value>>(batch_script(call.plain), call.keys, call.args)).await;
+    let reply = Box::pin(link.call_one::<Value>(batch_script(call.plain), call.keys, call.args)).await;
     match reply {
-        Ok(flat) => {
+        Ok(Value::Array(flat)) => {
             let mut rest = flat.as_slice();
             let reply = cut(&mut rest, &op).ok_or_else(|| malformed(1))?;
             if !rest.is_empty() {
@@ -458,6 +459,8 @@ async fn call_alone(link: &NodeClient, op: Op, slot: Option<Slot>) -> Result<Int
             }
             reply
         }
+        // A fresh grant's token alone, not in a list (see `scripts/batch.lua`).
+        Ok(token) => decode(&op, std::slice::from_ref(&token)),
         // A lone operation runs without a pcall: its error is the call's (see `answer`).
         Err(err) => Err(Error::from_redis(err, op.lock())),
     }
@@ -565,6 +568,34 @@ fn batch_script(plain: bool) -> &'static Script {
         &scripts().batch_plain
     } else {
         &scripts().batch
+    }
+}
+
+/// The call of the batch script for a lone fresh acquisition of a plain lock in short, without a
+/// count of operations or a publish command (see `scripts/batch.lua`), or `None` for any other
+/// operation. Two arguments fewer, and the grant's reply without a list: the server's share of an
+/// uncontended acquisition and release is about 15 % smaller (2026-11-27, callgrind of the server).
+fn encode_fresh(op: &Op) -> Option<Call> {
+    match op {
+        Op::Acquire {
+            lock,
+            fence,
+            owner,
+            lease_ms,
+            target: 1,
+            in_step,
+            kind: Kind::Plain | Kind::Permit | Kind::Mark(_) | Kind::Waiter(_),
+            ..
+        } => Some(Call {
+            keys: vec![Key::from(lock), Key::from(fence)],
+            args: vec![
+                Value::from_static_str(if *in_step { "Q" } else { "A" }),
+                Value::from(owner.clone()),
+                Value::from(*lease_ms),
+            ],
+            plain: true,
+        }),
+        _ => None,
     }
 }
 
