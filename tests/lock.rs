@@ -335,6 +335,56 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
     );
 }
 
+/// A lone fresh acquisition in short (`A`, owner, lease: what relock sends for an acquisition with
+/// nothing else in flight) answers a grant with its token alone, not in a list; a refusal with
+/// `{2, 0, ttl}` and the hold untouched; the same field found again (a resend) with
+/// `{3, 1, previous count, token}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
+    use fred::interfaces::{FunctionInterface, HashesInterface, KeysInterface};
+    use fred::types::Value;
+    let server = RedisServer::start();
+    let admin = support::fred_client(&server.url()).await;
+    let (_, function, code) = support::batch_library();
+    server.cmd(&["FUNCTION", "LOAD", &code]);
+    let lock = lock_key(&unique_name("short"));
+    let fence = format!("{lock}:fence");
+    let keys = vec![lock.clone(), fence.clone()];
+    let acquire = |owner: &str| vec!["A".to_string(), owner.to_string(), "30000".to_string()];
+
+    let granted: Value = admin
+        .fcall(function.as_str(), keys.clone(), acquire("a:1"))
+        .await
+        .expect("fcall");
+    let token = match &granted {
+        Value::Array(items) => panic!("a grant in a list: {items:?}"),
+        token => token.as_i64().expect("a token"),
+    };
+    let fenced: i64 = admin.get(&fence).await.expect("GET");
+    assert_eq!(token, fenced, "the token is the fence's");
+
+    let refused: Vec<i64> = admin
+        .fcall(function.as_str(), keys.clone(), acquire("b:1"))
+        .await
+        .expect("fcall");
+    assert_eq!(refused.len(), 3, "{refused:?}");
+    assert_eq!(refused[..2], [2, 0], "{refused:?}");
+    assert!(
+        (1..=30_000).contains(&refused[2]),
+        "the holder's ttl: {refused:?}"
+    );
+    let holder: Option<String> = admin.hget(&lock, "a:1").await.expect("HGET");
+    assert_eq!(holder.as_deref(), Some("1"), "the holder's count is untouched");
+
+    let again: Vec<i64> = admin
+        .fcall(function.as_str(), keys, acquire("a:1"))
+        .await
+        .expect("fcall");
+    assert_eq!(again.len(), 4, "{again:?}");
+    assert_eq!(again[..3], [3, 1, 1], "{again:?}");
+    assert!(again[3] > token, "a fresh draw: {again:?} after {token}");
+}
+
 /// The copy of relock's function library that tests and the bench load (`support::batch_library`)
 /// is the library relock loads: a fresh server has none, and after an acquisition and a release
 /// through relock it has exactly that one (name and code), and its function ran. With

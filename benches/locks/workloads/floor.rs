@@ -40,11 +40,10 @@ fn load_batch_function(server: &RedisServer) -> String {
 }
 
 /// The batch function's arguments for one fresh acquisition of `key` by `owner` (target count 1),
-/// in the short form relock sends (`A`: no target).
+/// in the short form relock sends for an acquisition alone (`A`: no count of operations, no publish
+/// command, no target; a grant answers its token alone).
 fn acquire_args<'a>(function: &'a str, key: &'a str, fence: &'a str, owner: &'a str) -> Vec<&'a str> {
-    vec![
-        "FCALL", function, "2", key, fence, "1", "PUBLISH", "A", owner, "30000",
-    ]
+    vec!["FCALL", function, "2", key, fence, "A", owner, "30000"]
 }
 
 /// The batch function's arguments for one release of `key` by `owner` (down to 0, published if a
@@ -167,10 +166,10 @@ async fn floor_loop(
         let t = Instant::now();
         let reply = transport.round_trip(&acquire).await;
         let us = micros(t.elapsed());
-        // One operation's reply, flat: a fresh grant in short, 1 item, its token: a real grant
-        // each time.
+        // A fresh grant alone answers its token alone, not in a list (the clock's digits, a bulk
+        // string): a real grant each time.
         assert!(
-            reply.starts_with(b"*2\r\n:1\r\n") && reply.len() > 8,
+            reply.starts_with(b"$") && reply.len() > 4,
             "acquire answered {reply:?}"
         );
         rtt.record(us).ok();
