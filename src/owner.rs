@@ -93,26 +93,35 @@ impl Owner {
             return id;
         }
         match tokio::task::try_id() {
-            Some(task) => LAST_TASK_ID.with(|last| {
-                let mut last = last.borrow_mut();
-                match &*last {
-                    Some((seen, of, id)) if *seen == task && of == client => id.clone(),
-                    _ => {
-                        use std::io::Write;
-                        // A task id is a number: `t` and its digits fit.
-                        let mut buf = [0u8; 24];
-                        let mut free = &mut buf[..];
-                        let _ = write!(free, "t{task}");
-                        let len = 24 - free.len();
-                        let id = client_id(client, std::str::from_utf8(&buf[..len]).unwrap_or("t"));
-                        *last = Some((task, *client, id.clone()));
-                        id
+            // The memo is gone only while the thread ends (a guard dropped by a thread-local's
+            // destructor, say): the id is made anew then.
+            Some(task) => LAST_TASK_ID
+                .try_with(|last| {
+                    let mut last = last.borrow_mut();
+                    match &*last {
+                        Some((seen, of, id)) if *seen == task && of == client => id.clone(),
+                        _ => {
+                            let id = task_owner_id(client, task);
+                            *last = Some((task, *client, id.clone()));
+                            id
+                        }
                     }
-                }
-            }),
+                })
+                .unwrap_or_else(|_| task_owner_id(client, task)),
             None => Owner::current().id_for(client),
         }
     }
+}
+
+/// The owner id of `task` through `client`: the client, `:t` and the task's id.
+fn task_owner_id(client: &Uuid, task: tokio::task::Id) -> Str {
+    use std::io::Write;
+    // A task id is a number: `t` and its digits fit.
+    let mut buf = [0u8; 24];
+    let mut free = &mut buf[..];
+    let _ = write!(free, "t{task}");
+    let len = 24 - free.len();
+    client_id(client, std::str::from_utf8(&buf[..len]).unwrap_or("t"))
 }
 
 std::thread_local! {
