@@ -43,6 +43,11 @@
 --   'A', owner, lease ms           as 'a' with target 1 (a fresh acquisition); 'Q' as 'q'
 --   'R', owner                     as 'r' with target 0 and the channel `lock:released` (see
 --                                  `keys.rs`): a plain lock's full release
+-- A batch of only those two goes in runs, 'A+' (or 'Q+', of 'Q's) in place of the number of
+-- operations: ARGV[2] the publish command, ARGV[3] the lease in ms of every acquisition, ARGV[4]
+-- how many acquisitions; then each acquisition's owner, then each release's owner; KEYS lock and
+-- fence per acquisition, then lock per release. The acquisitions run first: the client sends in
+-- runs no batch with a release of a lock ahead of an acquisition of it.
 -- Returns one flat list: per operation, the number of items of its reply, then those items. The reply
 -- is acquire's or release's ({code} for a release; {2, subscribers that heard it} for a plain
 -- lock's that published; a grant with no previous count in short, {token}: two items fewer for
@@ -78,6 +83,63 @@ local a = 3
 local publish = ARGV[2]
 if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
   return redis.error_reply('ERR relock batch: unknown publish command')
+end
+-- Runs of fresh acquisitions, then of full releases (see above; most batches under load): three
+-- arguments fewer per acquisition and release than one by one, and no operation codes to test.
+-- About 9 % less of the server's cost of a cycle than the loop below (2026-11-27, callgrind of the
+-- server, pipelined batches of 8 acquisitions, then of their 8 releases), of which a third is the
+-- loop's own tests. The same replies as the loop's.
+if first == 'A+' or first == 'Q+' then
+  local lease = ARGV[3]
+  local in_step = first == 'Q+'
+  a = 5
+  for _ = 1, tonumber(ARGV[4]) do
+    local ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a], lease, '1', in_step, true)
+    k = k + 2
+    a = a + 1
+    if not ok then
+      out[n + 1] = 2
+      out[n + 2] = -1
+      out[n + 3] = type(reply) == 'table' and reply.err or tostring(reply)
+      n = n + 3
+    elseif reply == 1 and second == 0 then
+      -- A fresh grant in short: its token alone.
+      out[n + 1] = 1
+      out[n + 2] = third
+      n = n + 2
+    elseif third ~= nil then
+      out[n + 1] = 3
+      out[n + 2] = reply
+      out[n + 3] = second
+      out[n + 4] = third
+      n = n + 4
+    else
+      out[n + 1] = 2
+      out[n + 2] = reply
+      out[n + 3] = second
+      n = n + 3
+    end
+  end
+  for i = a, #ARGV do
+    local ok, reply, second = pcall(release, KEYS[k], ARGV[i], 0, false, publish, '1', false, true)
+    k = k + 1
+    if not ok then
+      out[n + 1] = 2
+      out[n + 2] = -1
+      out[n + 3] = type(reply) == 'table' and reply.err or tostring(reply)
+      n = n + 3
+    elseif second ~= nil then
+      out[n + 1] = 2
+      out[n + 2] = reply
+      out[n + 3] = second
+      n = n + 3
+    else
+      out[n + 1] = 1
+      out[n + 2] = reply
+      n = n + 2
+    end
+  end
+  return out
 end
 -- One plain operation (most calls, while few operations are in flight): its reply is built at once.
 -- Cheaper for the server than the loop below, with its reply list grown one item at a time, by

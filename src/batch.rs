@@ -477,9 +477,13 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
     for group in &groups {
         crate::telemetry::batch(group.len());
     }
+    let publish = link.topology.publish();
+    let mut groups = groups;
     let calls: Vec<Call> = groups
-        .iter()
-        .map(|group| encode(group.iter().map(|(op, _)| op), link.topology.publish()))
+        .iter_mut()
+        .map(|group| {
+            encode_runs(group, publish).unwrap_or_else(|| encode(group.iter().map(|(op, _)| op), publish))
+        })
         .collect();
     // One script for the round: the plain one only if every call can take it.
     let script = batch_script(calls.iter().all(|call| call.plain));
@@ -577,13 +581,123 @@ fn batch_script(plain: bool) -> &'static Script {
 /// callgrind of the server).
 fn encode_alone(op: &Op, publish: &'static str) -> Call {
     let mut call = encode(std::iter::once(op), publish);
-    if matches!(
-        call.args.get(2).and_then(Value::as_str).as_deref(),
-        Some("A" | "Q")
-    ) {
+    if let Some(Short::Acquire { .. }) = op.short() {
         call.args.drain(..2);
     }
     call
+}
+
+/// An operation that goes in short (see `scripts/batch.lua`).
+#[derive(Clone, Copy, PartialEq)]
+enum Short {
+    /// A fresh acquisition of a plain lock (`A`, or `Q` in step): no target.
+    Acquire { lease_ms: i64, in_step: bool },
+    /// A plain lock's unannounced full release on its own channel (`R`): neither target nor
+    /// channel (the script makes it from the lock's name).
+    Release,
+}
+
+impl Op {
+    /// How this operation goes in short, if it does.
+    fn short(&self) -> Option<Short> {
+        match self {
+            Op::Acquire {
+                lease_ms,
+                target: 1,
+                in_step,
+                kind: Kind::Plain | Kind::Permit | Kind::Mark(_) | Kind::Waiter(_),
+                ..
+            } => Some(Short::Acquire {
+                lease_ms: *lease_ms,
+                in_step: *in_step,
+            }),
+            Op::Release {
+                lock,
+                target: 0,
+                channel,
+                kind: Kind::Plain,
+                announce: false,
+                ..
+            } if is_lock_channel(lock, channel) => Some(Short::Release),
+            _ => None,
+        }
+    }
+}
+
+/// The call of the batch script for a batch of only short operations (see [`Short`]) whose
+/// acquisitions share one lease and quorum flag, in runs (see `scripts/batch.lua`): each
+/// operation's owner alone, three arguments fewer per acquisition and release, which took about
+/// 9 % off the server's cost of a batched cycle (2026-11-27, callgrind of the server, pipelined).
+/// The acquisitions run ahead of the releases, and `batch` is reordered to match (each run in its
+/// order), so that the replies follow it. `None`, `batch` untouched, for any other batch, or one
+/// with a release of a lock ahead of an acquisition of it, which the reordering would refuse.
+fn encode_runs(batch: &mut [(Op, Reply)], publish: &'static str) -> Option<Call> {
+    let mut acquire = None;
+    let mut acquisitions = 0;
+    // The locks released ahead of this operation: made at the first acquisition behind a release.
+    let mut released: Option<std::collections::HashSet<&str>> = None;
+    for (at, (op, _)) in batch.iter().enumerate() {
+        let short = op.short()?;
+        if short == Short::Release {
+            if let Some(released) = released.as_mut() {
+                released.insert(op.lock());
+            }
+            continue;
+        }
+        if *acquire.get_or_insert(short) != short {
+            return None;
+        }
+        if acquisitions < at {
+            let released = released.get_or_insert_with(|| {
+                let before = batch[..at].iter().map(|(op, _)| op);
+                before
+                    .filter(|op| matches!(op, Op::Release { .. }))
+                    .map(Op::lock)
+                    .collect()
+            });
+            if released.contains(op.lock()) {
+                return None;
+            }
+        }
+        acquisitions += 1;
+    }
+    let (lease_ms, in_step) = match acquire {
+        Some(Short::Acquire { lease_ms, in_step }) => (lease_ms, in_step),
+        // Releases only: the lease is not read.
+        _ => (0, false),
+    };
+    // Stable: each run keeps its operations' order.
+    batch.sort_by_key(|(op, _)| matches!(op, Op::Release { .. }));
+    let mut keys = Vec::with_capacity(batch.len() + acquisitions);
+    let mut args = Vec::with_capacity(4 + batch.len());
+    args.extend([
+        Value::from_static_str(if in_step { "Q+" } else { "A+" }),
+        Value::from_static_str(publish),
+        Value::from(lease_ms),
+        Value::from(acquisitions as i64),
+    ]);
+    for (op, _) in batch.iter() {
+        let owner = match op {
+            Op::Acquire {
+                lock, fence, owner, ..
+            } => {
+                keys.extend([Key::from(lock), Key::from(fence)]);
+                owner
+            }
+            Op::Release { lock, owner, .. } => {
+                keys.push(Key::from(lock));
+                owner
+            }
+            // Never short.
+            Op::Transfer { .. } => return None,
+        };
+        args.push(Value::from(owner.clone()));
+    }
+    Some(Call {
+        keys,
+        args,
+        plain: true,
+    })
 }
 
 /// The call of the batch script for `ops`.
@@ -595,6 +709,31 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
     // Static strings are sent without a copy.
     args.push(Value::from_static_str(publish));
     for op in ops {
+        // The common operations in short (see `scripts/batch.lua`): a fresh acquisition without its
+        // target, a plain lock's full release with neither target nor channel.
+        match (op.short(), op) {
+            (
+                Some(Short::Acquire { lease_ms, in_step }),
+                Op::Acquire {
+                    lock, fence, owner, ..
+                },
+            ) => {
+                keys.extend([Key::from(lock), Key::from(fence)]);
+                let code = if in_step { "Q" } else { "A" };
+                args.extend([
+                    Value::from_static_str(code),
+                    Value::from(owner.clone()),
+                    Value::from(lease_ms),
+                ]);
+                continue;
+            }
+            (Some(Short::Release), Op::Release { lock, owner, .. }) => {
+                keys.push(Key::from(lock));
+                args.extend([Value::from_static_str("R"), Value::from(owner.clone())]);
+                continue;
+            }
+            _ => {}
+        }
         match op {
             Op::Acquire {
                 lock,
@@ -643,20 +782,12 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                     }
                 };
                 plain &= matches!(code, "a" | "q");
-                // A fresh acquisition in short (see `scripts/batch.lua`): one argument less.
-                let code = match (code, *target) {
-                    ("a", 1) => "A",
-                    ("q", 1) => "Q",
-                    _ => code,
-                };
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
                     Value::from(*lease_ms),
+                    Value::from(*target),
                 ]);
-                if !matches!(code, "A" | "Q") {
-                    args.push(Value::from(*target));
-                }
                 if let Some(mark_lease) = mark_lease {
                     args.push(Value::from(mark_lease.as_millis().min(i64::MAX as u128) as i64));
                 }
@@ -695,12 +826,6 @@ fn encode<'a>(ops: impl ExactSizeIterator<Item = &'a Op>, publish: &'static str)
                     }
                 };
                 plain &= matches!(code, "r" | "p");
-                if code == "r" && *target == 0 && is_lock_channel(lock, channel) {
-                    // A plain lock's full release in short (see `scripts/batch.lua`): two arguments
-                    // less; the script makes the channel where it publishes.
-                    args.extend([Value::from_static_str("R"), Value::from(owner.clone())]);
-                    continue;
-                }
                 args.extend([
                     Value::from_static_str(code),
                     Value::from(owner.clone()),
@@ -965,6 +1090,110 @@ mod tests {
         let call = encode([other].iter(), "PUBLISH");
         assert_eq!(call.args[2].as_str().as_deref(), Some("r"));
         assert_eq!(call.args.len(), 2 + 4);
+    }
+
+    /// A batch of fresh acquisitions and full releases of plain locks goes in runs, the
+    /// acquisitions first and the batch reordered to match; a release of a lock ahead of an
+    /// acquisition of it, two leases, or any other operation keep the batch one by one, untouched.
+    #[test]
+    fn a_batch_of_short_operations_goes_in_runs_unless_a_lock_would_change_order() {
+        let owner = Str::from("client:t1:1");
+        let keys: Vec<LockKeys> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|name| LockKeys::new("relock", name))
+            .collect();
+        let pair = |op: Op| (op, oneshot::channel().0);
+        let locks = |batch: &[(Op, Reply)]| -> Vec<String> {
+            batch.iter().map(|(op, _)| op.lock().to_string()).collect()
+        };
+        let strings = |call: &Call| -> Vec<String> {
+            call.args
+                .iter()
+                .map(|v| v.as_string().unwrap_or_default())
+                .collect()
+        };
+
+        let mut batch = vec![
+            pair(acquire(&keys[0], &owner, 1)),
+            pair(Op::release(&keys[1], &owner, 0, false)),
+            // A release ahead of an acquisition of the same lock keeps its place: that is the
+            // order in which the lock's holds change.
+            pair(acquire(&keys[2], &owner, 1)),
+            pair(Op::release(&keys[3], &owner, 0, false)),
+            pair(Op::release(&keys[0], &owner, 0, false)),
+        ];
+        let call = encode_runs(&mut batch, "PUBLISH").expect("in runs");
+        assert_eq!(
+            locks(&batch),
+            [
+                &keys[0].lock,
+                &keys[2].lock,
+                &keys[1].lock,
+                &keys[3].lock,
+                &keys[0].lock
+            ]
+            .map(|l| l.to_string())
+        );
+        let mut expect = vec!["A+", "PUBLISH", "30000", "2"];
+        expect.extend([&*owner; 5]);
+        assert_eq!(strings(&call), expect);
+        let key_names: Vec<String> = call
+            .keys
+            .iter()
+            .map(|k| k.as_str().unwrap_or_default().to_string())
+            .collect();
+        let expect_keys = [
+            &keys[0].lock,
+            &keys[0].fence,
+            &keys[2].lock,
+            &keys[2].fence,
+            &keys[1].lock,
+            &keys[3].lock,
+            &keys[0].lock,
+        ]
+        .map(|k| k.to_string());
+        assert_eq!(key_names, expect_keys);
+        assert!(call.plain);
+
+        // Releases only.
+        let mut releases = vec![pair(Op::release(&keys[0], &owner, 0, false))];
+        let call = encode_runs(&mut releases, "SPUBLISH").expect("in runs");
+        assert_eq!(strings(&call)[..4], ["A+", "SPUBLISH", "0", "0"]);
+
+        // Masters of a quorum.
+        let mut in_step = acquire(&keys[0], &owner, 1);
+        if let Op::Acquire { in_step, .. } = &mut in_step {
+            *in_step = true;
+        }
+        let mut quorum = vec![pair(in_step)];
+        let call = encode_runs(&mut quorum, "PUBLISH").expect("in runs");
+        assert_eq!(strings(&call)[..4], ["Q+", "PUBLISH", "30000", "1"]);
+
+        // Not in runs, nothing moved.
+        let other_lease = {
+            let mut op = acquire(&keys[1], &owner, 1);
+            if let Op::Acquire { lease_ms, .. } = &mut op {
+                *lease_ms = 10_000;
+            }
+            op
+        };
+        let refused: [Vec<Op>; 3] = [
+            vec![
+                Op::release(&keys[0], &owner, 0, false),
+                acquire(&keys[0], &owner, 1),
+            ],
+            vec![acquire(&keys[0], &owner, 1), other_lease],
+            vec![
+                Op::release(&keys[1], &owner, 0, false),
+                acquire(&keys[0], &owner, 2),
+            ],
+        ];
+        for ops in refused {
+            let mut batch: Vec<(Op, Reply)> = ops.into_iter().map(pair).collect();
+            let before = locks(&batch);
+            assert!(encode_runs(&mut batch, "PUBLISH").is_none(), "{before:?}");
+            assert_eq!(locks(&batch), before);
+        }
     }
 
     /// A grant's short reply, its token alone, reads as the long one; a release's one item stays.

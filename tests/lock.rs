@@ -385,6 +385,78 @@ async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
     assert!(again[3] > token, "a fresh draw: {again:?} after {token}");
 }
 
+/// A batch in runs (`A+`: what relock sends for a batch of fresh acquisitions and full releases
+/// only) runs its acquisitions, then its releases, and answers each as one by one would: a grant
+/// with its token alone, a refusal with the holder's ttl (and the holder marked), a key of another
+/// type with that operation's error (the others run), a resend with the previous count; a release
+/// with its code, and how many heard it where one was due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_in_runs_answers_each_operation_as_one_by_one() {
+    use fred::interfaces::{FunctionInterface, HashesInterface, KeysInterface};
+    use fred::types::Value;
+    let server = RedisServer::start();
+    let admin = support::fred_client(&server.url()).await;
+    let (_, function, code) = support::batch_library();
+    server.cmd(&["FUNCTION", "LOAD", &code]);
+    let name = unique_name("runs");
+    let [free, held, wrong, mine, unheld] =
+        ["free", "held", "wrong", "mine", "unheld"].map(|lock| lock_key(&format!("{name}-{lock}")));
+    let fence = |lock: &str| format!("{lock}:fence");
+    let _: () = admin.hset(&held, ("other:1", 1)).await.expect("HSET");
+    let _: () = admin.pexpire(&held, 30_000, None).await.expect("PEXPIRE");
+    let _: () = admin.set(&wrong, "text", None, None, false).await.expect("SET");
+    let _: () = admin.hset(&mine, ("me:1", 1)).await.expect("HSET");
+    let _: () = admin.pexpire(&mine, 30_000, None).await.expect("PEXPIRE");
+
+    let mut keys = Vec::new();
+    for lock in [&free, &held, &wrong, &mine] {
+        keys.extend([lock.clone(), fence(lock)]);
+    }
+    keys.extend([held.clone(), unheld.clone(), mine.clone()]);
+    let args = [
+        "A+", "PUBLISH", "30000", "4", "me:1", "me:1", "me:1", "me:1", "other:1", "me:1", "me:1",
+    ];
+    let reply: Vec<Value> = admin
+        .fcall(function.as_str(), keys, args.to_vec())
+        .await
+        .expect("fcall");
+    let int = |at: usize| {
+        reply[at]
+            .as_i64()
+            .unwrap_or_else(|| panic!("item {at} of {reply:?}"))
+    };
+
+    // The free lock: its token alone, the fence's.
+    assert_eq!(int(0), 1, "{reply:?}");
+    let fenced: i64 = admin.get(fence(&free)).await.expect("GET");
+    assert_eq!(int(1), fenced, "{reply:?}");
+    // Another owner's hold: refused with its ttl, and marked for the waiter.
+    assert_eq!([int(2), int(3)], [2, 0], "{reply:?}");
+    assert!((1..=30_000).contains(&int(4)), "{reply:?}");
+    // A key of another type: this operation's error.
+    assert_eq!([int(5), int(6)], [2, -1], "{reply:?}");
+    let message = reply[7].as_string().unwrap_or_default();
+    assert!(message.contains("WRONGTYPE"), "{reply:?}");
+    // Its own hold found again: the previous count, and a fresh token.
+    assert_eq!([int(8), int(9), int(10)], [3, 1, 1], "{reply:?}");
+    assert!(int(11) > 0, "{reply:?}");
+    // The releases, after: the marked hold's announced (nobody subscribed), then one not held,
+    // then the hold just acquired again.
+    assert_eq!(
+        (12..reply.len()).map(int).collect::<Vec<_>>(),
+        [2, 2, 0, 1, 0, 2, 2, 0],
+        "{reply:?}"
+    );
+    for lock in [&held, &mine] {
+        let left: i64 = admin.exists(lock).await.expect("EXISTS");
+        assert_eq!(left, 0, "{lock}: the hold and its mark are gone");
+    }
+    let holder: Option<String> = admin.hget(&free, "me:1").await.expect("HGET");
+    assert_eq!(holder.as_deref(), Some("1"));
+    let text: String = admin.get(&wrong).await.expect("GET");
+    assert_eq!(text, "text", "the key of another type is untouched");
+}
+
 /// The copy of relock's function library that tests and the bench load (`support::batch_library`)
 /// is the library relock loads: a fresh server has none, and after an acquisition and a release
 /// through relock it has exactly that one (name and code), and its function ran. With
