@@ -88,7 +88,9 @@ end
 -- arguments fewer per acquisition and release than one by one, and no operation codes to test.
 -- About 9 % less of the server's cost of a cycle than the loop below (2026-11-27, callgrind of the
 -- server, pipelined batches of 8 acquisitions, then of their 8 releases), of which a third is the
--- loop's own tests. The same replies as the loop's.
+-- loop's own tests. The same replies as the loop's, built inline as there: one helper function
+-- for both, defined once with the library, cost the server about 2,200 instructions more per
+-- cycle here (4 %) and 600 in the loop (measured the same way).
 if first == 'A+' or first == 'Q+' then
   local lease = ARGV[3]
   local in_step = first == 'Q+'

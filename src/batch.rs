@@ -473,12 +473,11 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
             return;
         }
     }
-    let groups = link.topology.by_slot(batch, |(op, _)| op.lock());
+    let mut groups = link.topology.by_slot(batch, |(op, _)| op.lock());
     for group in &groups {
         crate::telemetry::batch(group.len());
     }
     let publish = link.topology.publish();
-    let mut groups = groups;
     let calls: Vec<Call> = groups
         .iter_mut()
         .map(|group| {
@@ -1116,10 +1115,9 @@ mod tests {
         let mut batch = vec![
             pair(acquire(&keys[0], &owner, 1)),
             pair(Op::release(&keys[1], &owner, 0, false)),
-            // A release ahead of an acquisition of the same lock keeps its place: that is the
-            // order in which the lock's holds change.
             pair(acquire(&keys[2], &owner, 1)),
             pair(Op::release(&keys[3], &owner, 0, false)),
+            // The release of a lock acquired ahead of it: the runs keep that order.
             pair(Op::release(&keys[0], &owner, 0, false)),
         ];
         let call = encode_runs(&mut batch, "PUBLISH").expect("in runs");
