@@ -285,8 +285,7 @@ async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens(
     use fred::interfaces::FunctionInterface;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
-    let (_, function, code) = support::batch_library();
-    server.cmd(&["FUNCTION", "LOAD", &code]);
+    let function = support::load_batch_function(&server);
     let lock = lock_key(&unique_name("one-call"));
     let fence = format!("{lock}:fence");
     let channel = format!("{lock}:released");
@@ -345,8 +344,7 @@ async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
     use fred::types::Value;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
-    let (_, function, code) = support::batch_library();
-    server.cmd(&["FUNCTION", "LOAD", &code]);
+    let function = support::load_batch_function(&server);
     let lock = lock_key(&unique_name("short"));
     let fence = format!("{lock}:fence");
     let keys = vec![lock.clone(), fence.clone()];
@@ -396,8 +394,7 @@ async fn a_batch_in_runs_answers_each_operation_as_one_by_one() {
     use fred::types::Value;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
-    let (_, function, code) = support::batch_library();
-    server.cmd(&["FUNCTION", "LOAD", &code]);
+    let function = support::load_batch_function(&server);
     let name = unique_name("runs");
     let [free, held, wrong, mine, unheld] =
         ["free", "held", "wrong", "mine", "unheld"].map(|lock| lock_key(&format!("{name}-{lock}")));

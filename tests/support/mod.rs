@@ -480,6 +480,18 @@ pub fn batch_library() -> (String, String, String) {
     (name, function, code)
 }
 
+/// [`batch_library`] loaded on `server` (or found there, loaded already): the name of its batch
+/// function, to `FCALL` as relock does. Any other reply of `FUNCTION LOAD` panics.
+pub fn load_batch_function(server: &RedisServer) -> String {
+    let (_, function, code) = batch_library();
+    match server.cmd(&["FUNCTION", "LOAD", &code]) {
+        Reply::Str(_) => {}
+        Reply::Err(err) if err.contains("already exists") => {}
+        other => panic!("FUNCTION LOAD: {other:?}"),
+    }
+    function
+}
+
 /// The names of the function libraries on `server` (`FUNCTION LIST`).
 pub fn function_libraries(server: &RedisServer) -> Vec<String> {
     function_list(server, &["FUNCTION", "LIST"], "library_name")

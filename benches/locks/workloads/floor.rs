@@ -26,19 +26,6 @@ use crate::rows::{histogram, micros, BenchCommand, Library, Metric, Params, Row,
 use crate::support::RedisServer;
 use crate::Mode;
 
-/// relock's batch function (acquisitions and releases go through it, as relock runs them on Redis
-/// 7.0 and later; batches of one here, under load relock puts many operations in one call), its
-/// library loaded on `server` (or found there): the function's name.
-fn load_batch_function(server: &RedisServer) -> String {
-    let (_, function, code) = crate::support::batch_library();
-    match server.cmd(&["FUNCTION", "LOAD", &code]) {
-        crate::support::Reply::Str(_) => {}
-        crate::support::Reply::Err(err) if err.contains("already exists") => {}
-        other => panic!("FUNCTION LOAD: {other:?}"),
-    }
-    function
-}
-
 /// The batch function's arguments for one fresh acquisition of `key` by `owner` (target count 1),
 /// in the short form relock sends for an acquisition alone (`A`: no count of operations, no publish
 /// command, no target; a grant answers its token alone).
@@ -197,7 +184,7 @@ async fn on_worker<T: Send + 'static>(task: impl std::future::Future<Output = T>
 /// request in flight) over `run`, in µs: the round trip that workloads outside `floor` count their
 /// idle gaps in.
 pub async fn round_trip_p50(server: &RedisServer, run: Duration) -> Option<f64> {
-    let function = load_batch_function(server);
+    let function = crate::support::load_batch_function(server);
     let transport = Transport::connect(server, false).await;
     floor_cycles(run, server, &function, transport)
         .await
@@ -237,7 +224,7 @@ fn redis_benchmark(port: u16, clients: usize, requests: usize, pipeline: usize, 
 /// The floor rows: a bare TcpStream doing lock cycles of two round trips, and redis-benchmark with
 /// one connection.
 pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
-    let function = load_batch_function(server);
+    let function = crate::support::load_batch_function(server);
     for driver in [false, true] {
         let transport = Transport::connect(server, driver).await;
         rows.push(floor_cycles(mode.run, server, &function, transport).await);
@@ -279,7 +266,7 @@ pub async fn floor(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
 
 /// The most Redis does with the same scripts on this machine, and fred's round trip.
 pub async fn ceiling(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
-    let function = load_batch_function(server);
+    let function = crate::support::load_batch_function(server);
     let requests = if mode.quick { 50_000 } else { 400_000 };
     let (key, fence) = ("relock:{__rand_int__}", "relock:{__rand_int__}:fence");
     for pipeline in [1usize, 16] {
