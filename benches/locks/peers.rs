@@ -7,7 +7,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
 use crate::rows::{micros, Library, Retry, Tally};
@@ -285,9 +284,13 @@ pub async fn cycles<C: Contender>(c: C, deadline: Instant) -> Tally {
 #[derive(Clone)]
 pub struct Handoff {
     clock: Instant,
-    /// When the last release began, in µs since `clock` (0: none yet).
+    /// When the last release began, in µs since `clock` (0: none yet), shifted left by
+    /// [`CLIENT_BITS`], and the releasing contender's client in the bits below.
     released: Arc<AtomicU64>,
 }
+
+/// The bits of [`Handoff::released`] that hold the releasing contender's client.
+const CLIENT_BITS: u32 = 8;
 
 impl Default for Handoff {
     fn default() -> Handoff {
@@ -307,17 +310,25 @@ impl Handoff {
         (self.clock.elapsed().as_micros() as u64).max(1)
     }
 
-    /// A holder was just granted the lock: records the time since the last release began.
-    fn granted(&self, h: &mut Histogram<u64>) {
-        let at = self.released.load(Ordering::SeqCst);
+    /// A holder of `client` was just granted the lock: records the time since the last release
+    /// began, and again apart if that release was another client's.
+    fn granted(&self, client: usize, tally: &mut Tally) {
+        let last = self.released.load(Ordering::SeqCst);
+        let at = last >> CLIENT_BITS;
         if at > 0 {
-            h.record(self.now().saturating_sub(at).max(1)).ok();
+            let gap = self.now().saturating_sub(at).max(1);
+            tally.handoff.record(gap).ok();
+            if last & ((1 << CLIENT_BITS) - 1) != client as u64 {
+                tally.cross_gap.record(gap).ok();
+            }
         }
     }
 
-    /// The holder is about to release.
-    fn releasing(&self) {
-        self.released.store(self.now(), Ordering::SeqCst);
+    /// The holder, of `client`, is about to release.
+    fn releasing(&self, client: usize) {
+        let client = client as u64 & ((1 << CLIENT_BITS) - 1);
+        self.released
+            .store(self.now() << CLIENT_BITS | client, Ordering::SeqCst);
     }
 }
 
@@ -360,8 +371,15 @@ fn sleep_until(until: std::time::Instant) {
 
 /// Contends for `c`'s lock (shared with the other contenders) until `deadline`: acquire (again
 /// whenever the library gives up), hold for `section`, release. Counts the sections granted before
-/// the deadline; a wait still open at the deadline is recorded as long as it was by then.
-pub async fn contend<C: Contender>(c: C, deadline: Instant, section: Duration, handoff: Handoff) -> Tally {
+/// the deadline; a wait still open at the deadline is recorded as long as it was by then. `client`:
+/// which of the run's clients `c` uses (see [`Handoff`]).
+pub async fn contend<C: Contender>(
+    c: C,
+    deadline: Instant,
+    section: Duration,
+    handoff: Handoff,
+    client: usize,
+) -> Tally {
     let mut tally = Tally::new();
     while Instant::now() < deadline {
         let want = Instant::now();
@@ -380,7 +398,7 @@ pub async fn contend<C: Contender>(c: C, deadline: Instant, section: Duration, h
                 .ok();
             break;
         };
-        handoff.granted(&mut tally.handoff);
+        handoff.granted(client, &mut tally);
         tally.acquire.record(micros(granted - want)).ok();
         if granted < deadline {
             tally.count += 1;
@@ -389,7 +407,7 @@ pub async fn contend<C: Contender>(c: C, deadline: Instant, section: Duration, h
         if !section.is_zero() {
             tally.section.record(micros(granted.elapsed())).ok();
         }
-        handoff.releasing();
+        handoff.releasing(client);
         if !c.release(held).await {
             tally.failed_releases += 1;
         }

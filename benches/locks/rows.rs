@@ -308,6 +308,15 @@ pub enum Metric {
     /// The same, in the hot lock rows: the time the lock sits idle between holders.
     IdleGapP50Us,
     IdleGapP99Us,
+    /// The mean section as it ran (hot lock rows; see `Run::where_the_time_goes`).
+    SectionMeanUs,
+    /// The idle gaps' time per section: their sum over the sections.
+    GapUsPerSection,
+    /// The share of the handoffs that passed the lock to another client's contender.
+    CrossClientShare,
+    /// Those handoffs' idle time per section, and their gap's p50.
+    CrossClientGapUsPerSection,
+    CrossClientGapP50Us,
     /// The idle gap p50 in round trips of the bare `TcpStream` floor loop measured in the same run
     /// (fair lock handoff rows).
     IdleGapP50Rtt,
@@ -379,6 +388,11 @@ impl Metric {
             Metric::IdleGapP50Us => "idle_gap_p50_us",
             Metric::IdleGapP99Us => "idle_gap_p99_us",
             Metric::IdleGapP50Rtt => "idle_gap_p50_rtt",
+            Metric::SectionMeanUs => "section_mean_us",
+            Metric::GapUsPerSection => "gap_us_per_section",
+            Metric::CrossClientShare => "cross_client_share",
+            Metric::CrossClientGapUsPerSection => "cross_client_gap_us_per_section",
+            Metric::CrossClientGapP50Us => "cross_client_gap_p50_us",
             Metric::WaitP50Us => "wait_p50_us",
             Metric::WaitP99Us => "wait_p99_us",
             Metric::WaitMaxUs => "wait_max_us",
@@ -514,6 +528,8 @@ pub struct Tally {
     pub release: Histogram<u64>,
     /// From a holder's release call to the next holder's grant.
     pub handoff: Histogram<u64>,
+    /// The same, where the next holder was of another client than the releasing one.
+    pub cross_gap: Histogram<u64>,
     /// How long the lock was held.
     pub section: Histogram<u64>,
     /// Releases that reported an error.
@@ -533,6 +549,7 @@ impl Tally {
             acquire: histogram(),
             release: histogram(),
             handoff: histogram(),
+            cross_gap: histogram(),
             section: histogram(),
             failed_releases: 0,
         }
@@ -543,6 +560,7 @@ impl Tally {
         self.acquire.add(other.acquire).expect("merge histograms");
         self.release.add(other.release).expect("merge histograms");
         self.handoff.add(other.handoff).expect("merge histograms");
+        self.cross_gap.add(other.cross_gap).expect("merge histograms");
         self.section.add(other.section).expect("merge histograms");
         self.failed_releases += other.failed_releases;
     }

@@ -10,6 +10,7 @@ mod uncontended;
 
 use std::time::Duration;
 
+use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
 pub use contended::{contended, hot_lock, semaphore};
@@ -36,8 +37,8 @@ pub const HOT_CLIENTS: usize = 4;
 pub enum Shape {
     /// Back-to-back cycles, each task on a lock of its own.
     Cycles,
-    /// All tasks on one lock, each holding it for the given time.
-    Contend(Duration),
+    /// All tasks on one lock, each holding it for `section`; task `i` is of client `i % clients`.
+    Contend { section: Duration, clients: usize },
 }
 
 /// A finished run: what its tasks counted, how long it took, and what it cost.
@@ -63,10 +64,12 @@ pub async fn run<C: Contender>(
         let handoff = Handoff::new();
         let handles: Vec<_> = contenders
             .into_iter()
-            .map(|c| match shape {
+            .enumerate()
+            .map(|(i, c)| match shape {
                 Shape::Cycles => peers::spawn::<C, _>(peers::cycles(c, deadline)),
-                Shape::Contend(section) => {
-                    peers::spawn::<C, _>(peers::contend(c, deadline, section, handoff.clone()))
+                Shape::Contend { section, clients } => {
+                    let client = i % clients.max(1);
+                    peers::spawn::<C, _>(peers::contend(c, deadline, section, handoff.clone(), client))
                 }
             })
             .collect();
@@ -76,7 +79,7 @@ pub async fn run<C: Contender>(
         }
         let elapsed = match shape {
             Shape::Cycles => start.elapsed(),
-            Shape::Contend(_) => run,
+            Shape::Contend { .. } => run,
         };
         (tally, elapsed)
     })
@@ -151,6 +154,25 @@ impl Run {
         self.one_holder_row(Workload::HotLock, params)
     }
 
+    /// Where a section's time goes besides its nominal length: the section as it ran (mean), and
+    /// the idle gaps per section, all of them and those where the lock passed to another client's
+    /// contender (with how often that happened and its gap's p50). `1e6 / (section_mean_us +
+    /// gap_us_per_section)` is the rate the run reached, near enough; the rest of the ideal is the
+    /// section's own overrun.
+    fn where_the_time_goes(&self, row: Row) -> Row {
+        let (gaps, cross, sections) = (&self.tally.handoff, &self.tally.cross_gap, self.tally.count);
+        if sections == 0 || gaps.is_empty() || self.tally.section.is_empty() {
+            return row;
+        }
+        let per_section = |h: &Histogram<u64>| h.mean() * h.len() as f64 / sections as f64;
+        let row = row
+            .metric(Metric::SectionMeanUs, self.tally.section.mean())
+            .metric(Metric::GapUsPerSection, per_section(gaps))
+            .metric(Metric::CrossClientShare, cross.len() as f64 / gaps.len() as f64)
+            .metric(Metric::CrossClientGapUsPerSection, per_section(cross));
+        row.median(Metric::CrossClientGapP50Us, cross)
+    }
+
     /// The same figures for any workload of one holder at a time and [`HOT_SECTION`] sections (hot
     /// lock, fair lock handoff).
     fn one_holder_row(&self, workload: Workload, params: Params) -> Row {
@@ -162,6 +184,7 @@ impl Run {
             .percentiles(Metric::IdleGapP50Us, Metric::IdleGapP99Us, &self.tally.handoff)
             .percentiles(Metric::WaitP50Us, Metric::WaitP99Us, &self.tally.acquire);
         let row = row.median(Metric::SectionP50Us, &self.tally.section);
+        let row = self.where_the_time_goes(row);
         self.finish(row, Per::Section)
     }
 }

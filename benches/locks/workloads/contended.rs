@@ -34,7 +34,13 @@ async fn relock_contend(
     let contenders = (0..tasks)
         .map(|i| Relock(connected[i % clients].lock(&name)))
         .collect();
-    let r = run(&[server], mode.run, contenders, Shape::Contend(section)).await;
+    let r = run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend { section, clients },
+    )
+    .await;
     for client in &connected {
         client.shutdown().await;
     }
@@ -62,9 +68,13 @@ async fn peers_contend(
             key: format!("{name}:r"),
         })
         .collect();
-    runs.push(Ok(
-        run(&[server], mode.run, contenders, Shape::Contend(section)).await
-    ));
+    runs.push(Ok(run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend { section, clients },
+    )
+    .await));
 
     let mut lockers = Vec::new();
     for _ in 0..clients {
@@ -81,9 +91,13 @@ async fn peers_contend(
             options: arl_options(retry),
         })
         .collect();
-    runs.push(Ok(
-        run(&[server], mode.run, contenders, Shape::Contend(section)).await
-    ));
+    runs.push(Ok(run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend { section, clients },
+    )
+    .await));
 
     if retry == Retry::Tight {
         runs.push(Err((
@@ -103,9 +117,16 @@ async fn peers_contend(
                 key: format!("{name}:s").into_bytes(),
             })
             .collect();
-        runs.push(Ok(
-            run(&[server], mode.run, contenders, Shape::Contend(section)).await
-        ));
+        runs.push(Ok(run(
+            &[server],
+            mode.run,
+            contenders,
+            Shape::Contend {
+                section,
+                clients: clients.len(),
+            },
+        )
+        .await));
     }
     runs
 }
@@ -161,7 +182,16 @@ pub async fn semaphore(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     let contenders = (0..TASKS)
         .map(|i| RelockPermit(connected[i % HOT_CLIENTS].semaphore(&name, PERMITS)))
         .collect();
-    let r = run(&[server], mode.run, contenders, Shape::Contend(HOT_SECTION)).await;
+    let r = run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend {
+            section: HOT_SECTION,
+            clients: HOT_CLIENTS,
+        },
+    )
+    .await;
     for client in &connected {
         client.shutdown().await;
     }

@@ -47,7 +47,16 @@ async fn one(mode: &Mode, server: &RedisServer, lock: LockKind, rtt: Option<f64>
         })
         .collect();
     let calls_before = command_calls(server);
-    let r = run(&[server], mode.run, contenders, Shape::Contend(HOT_SECTION)).await;
+    let r = run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend {
+            section: HOT_SECTION,
+            clients: HOT_CLIENTS,
+        },
+    )
+    .await;
     let calls = calls_delta(&calls_before, &command_calls(server));
     for client in &clients {
         client.shutdown().await;
