@@ -192,6 +192,12 @@ pub enum Params {
         clients: usize,
         lock: LockKind,
     },
+    /// The hot lock (relock's) with a `handoff_window` of `window_ms`.
+    HotWindow {
+        contenders: usize,
+        clients: usize,
+        window_ms: u64,
+    },
     /// `contenders` tasks over `clients` clients on one lock of kind `lock` (fair lock handoff).
     Handoff {
         contenders: usize,
@@ -245,6 +251,14 @@ impl fmt::Display for Params {
                     other => write!(f, " retry={}", other.name()),
                 }
             }
+            Params::HotWindow {
+                contenders,
+                clients,
+                window_ms,
+            } => write!(
+                f,
+                "contenders={contenders} clients={clients} handoff_window={window_ms}ms"
+            ),
             Params::Masters(n) => write!(f, "masters={n}"),
             Params::Bench {
                 clients,

@@ -154,6 +154,15 @@ impl Run {
         self.one_holder_row(Workload::HotLock, params)
     }
 
+    /// The hot lock with another `handoff_window`: its figures and the longest wait.
+    pub fn window_row(&self, params: Params) -> Row {
+        let row = self.one_holder_row(Workload::HotLock, params);
+        match self.tally.acquire.is_empty() {
+            true => row,
+            false => row.metric(Metric::WaitMaxUs, self.tally.acquire.max() as f64),
+        }
+    }
+
     /// Where a section's time goes besides its nominal length: the section as it ran (mean), and
     /// the idle gaps per section, all of them and those where the lock passed to another client's
     /// contender (with how often that happened and its gap's p50). `1e6 / (section_mean_us +

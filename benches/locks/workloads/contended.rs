@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use relock::LockClient;
+use relock::{LockClient, LockConfig};
 
 use super::{run, Run, Shape, HOT_CLIENTS, HOT_SECTION};
 use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, RelockPermit, Rslock};
@@ -13,22 +13,28 @@ use crate::rows::{Library, Params, Retry, Row, Workload};
 use crate::support::{self, RedisServer};
 use crate::Mode;
 
+/// The contenders and the `handoff_window`s of the window rows ([`handoff_windows`]).
+const WINDOW_CONTENDERS: usize = 64;
+const WINDOWS_MS: [u64; 2] = [5, 80];
+
 /// redlock's contenders are threads that open a TCP connection per call: past this many, or
 /// polling tightly, they would use up the loopback's ephemeral ports (shared with this machine's
 /// other work).
 const REDLOCK_MAX_CONTENDERS: usize = 64;
 
-/// relock: `tasks` contenders over `clients` clients on one lock.
+/// relock: `tasks` contenders over `clients` clients (of `config`) on one lock.
 async fn relock_contend(
     mode: &Mode,
     server: &RedisServer,
     tasks: usize,
     clients: usize,
     section: Duration,
+    config: &LockConfig,
 ) -> Run {
     let mut connected = Vec::new();
     for _ in 0..clients {
-        connected.push(LockClient::connect(&server.url()).await.expect("connect"));
+        let client = LockClient::connect_with(&server.url(), config.clone()).await;
+        connected.push(client.expect("connect"));
     }
     let name = support::unique_name("c");
     let contenders = (0..tasks)
@@ -136,7 +142,7 @@ pub async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     const NOTE: &str = "empty critical section: measures barging";
     for tasks in [2usize, 8, 32] {
         let params = Params::Tasks(tasks);
-        let r = relock_contend(mode, server, tasks, 2, Duration::ZERO).await;
+        let r = relock_contend(mode, server, tasks, 2, Duration::ZERO, &LockConfig::default()).await;
         rows.push(r.contended_row(params, &[NOTE]));
         for r in peers_contend(mode, server, tasks, 2, Duration::ZERO, Retry::Default).await {
             rows.push(match r {
@@ -156,7 +162,8 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             clients: HOT_CLIENTS,
             retry,
         };
-        let r = relock_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION).await;
+        let default = LockConfig::default();
+        let r = relock_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION, &default).await;
         rows.push(r.hot_row(params(Retry::Waits)));
         for retry in [Retry::Default, Retry::Tight] {
             for r in peers_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION, retry).await {
@@ -166,6 +173,24 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
                 });
             }
         }
+    }
+    handoff_windows(mode, server, rows).await;
+}
+
+/// relock's hot lock at [`WINDOW_CONTENDERS`] contenders with a shorter and a longer
+/// `handoff_window` than the default 20 ms (the hot lock row above): how much of the ideal a
+/// longer streak of handoffs within one client buys, and what it costs the other clients' waiters
+/// (the wait p99 and the longest wait).
+async fn handoff_windows(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    for window_ms in WINDOWS_MS {
+        let config = LockConfig::default().handoff_window(Duration::from_millis(window_ms));
+        let r = relock_contend(mode, server, WINDOW_CONTENDERS, HOT_CLIENTS, HOT_SECTION, &config).await;
+        let params = Params::HotWindow {
+            contenders: WINDOW_CONTENDERS,
+            clients: HOT_CLIENTS,
+            window_ms,
+        };
+        rows.push(r.window_row(params));
     }
 }
 
