@@ -92,6 +92,24 @@ pub async fn run<C: Contender>(
     }
 }
 
+/// [`run`] of `contenders` for one lock on `server`, each holding it for `section`, task `i` of
+/// client `i % clients` (see [`Shape::Contend`]).
+pub async fn contend<C: Contender>(
+    mode: &crate::Mode,
+    server: &RedisServer,
+    contenders: Vec<C>,
+    section: Duration,
+    clients: usize,
+) -> Run {
+    run(
+        &[server],
+        mode.run,
+        contenders,
+        Shape::Contend { section, clients },
+    )
+    .await
+}
+
 impl Run {
     /// Adds another run of the same library: its counts, time and cost (see
     /// `uncontended::interleaved`).

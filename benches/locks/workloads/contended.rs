@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use relock::{LockClient, LockConfig};
 
-use super::{run, Run, Shape, HOT_CLIENTS, HOT_SECTION};
+use super::{contend, Run, HOT_CLIENTS, HOT_SECTION};
 use crate::peers::{arl_options, redlock_client, rslock_manager, Arl, Redlock, Relock, RelockPermit, Rslock};
 use crate::rows::{Library, Params, Retry, Row, Workload};
 use crate::support::{self, RedisServer};
@@ -40,13 +40,7 @@ async fn relock_contend(
     let contenders = (0..tasks)
         .map(|i| Relock(connected[i % clients].lock(&name)))
         .collect();
-    let r = run(
-        &[server],
-        mode.run,
-        contenders,
-        Shape::Contend { section, clients },
-    )
-    .await;
+    let r = contend(mode, server, contenders, section, clients).await;
     for client in &connected {
         client.shutdown().await;
     }
@@ -74,13 +68,7 @@ async fn peers_contend(
             key: format!("{name}:r"),
         })
         .collect();
-    runs.push(Ok(run(
-        &[server],
-        mode.run,
-        contenders,
-        Shape::Contend { section, clients },
-    )
-    .await));
+    runs.push(Ok(contend(mode, server, contenders, section, clients).await));
 
     let mut lockers = Vec::new();
     for _ in 0..clients {
@@ -97,13 +85,7 @@ async fn peers_contend(
             options: arl_options(retry),
         })
         .collect();
-    runs.push(Ok(run(
-        &[server],
-        mode.run,
-        contenders,
-        Shape::Contend { section, clients },
-    )
-    .await));
+    runs.push(Ok(contend(mode, server, contenders, section, clients).await));
 
     if retry == Retry::Tight {
         runs.push(Err((
@@ -123,16 +105,7 @@ async fn peers_contend(
                 key: format!("{name}:s").into_bytes(),
             })
             .collect();
-        runs.push(Ok(run(
-            &[server],
-            mode.run,
-            contenders,
-            Shape::Contend {
-                section,
-                clients: clients.len(),
-            },
-        )
-        .await));
+        runs.push(Ok(contend(mode, server, contenders, section, clients.len()).await));
     }
     runs
 }
@@ -207,16 +180,7 @@ pub async fn semaphore(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     let contenders = (0..TASKS)
         .map(|i| RelockPermit(connected[i % HOT_CLIENTS].semaphore(&name, PERMITS)))
         .collect();
-    let r = run(
-        &[server],
-        mode.run,
-        contenders,
-        Shape::Contend {
-            section: HOT_SECTION,
-            clients: HOT_CLIENTS,
-        },
-    )
-    .await;
+    let r = contend(mode, server, contenders, HOT_SECTION, HOT_CLIENTS).await;
     for client in &connected {
         client.shutdown().await;
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use relock::LockClient;
 
-use super::{floor, run, Shape, HOT_CLIENTS, HOT_SECTION};
+use super::{contend, floor, HOT_CLIENTS, HOT_SECTION};
 use crate::host::{calls_delta, command_calls, per_section};
 use crate::peers::Relock;
 use crate::rows::{figure, Library, LockKind, Metric, Params, Row, Workload};
@@ -47,16 +47,7 @@ async fn one(mode: &Mode, server: &RedisServer, lock: LockKind, rtt: Option<f64>
         })
         .collect();
     let calls_before = command_calls(server);
-    let r = run(
-        &[server],
-        mode.run,
-        contenders,
-        Shape::Contend {
-            section: HOT_SECTION,
-            clients: HOT_CLIENTS,
-        },
-    )
-    .await;
+    let r = contend(mode, server, contenders, HOT_SECTION, HOT_CLIENTS).await;
     let calls = calls_delta(&calls_before, &command_calls(server));
     for client in &clients {
         client.shutdown().await;
