@@ -24,6 +24,7 @@ use crate::host::{measured, Cost, Per};
 use crate::peers::{self, Contender, Handoff};
 use crate::rows::{Library, Metric, Params, Row, Tally, Workload};
 use crate::support::RedisServer;
+use crate::Mode;
 
 /// The critical section of the hot lock rows.
 pub const HOT_SECTION: Duration = Duration::from_millis(1);
@@ -95,7 +96,7 @@ pub async fn run<C: Contender>(
 /// [`run`] of `contenders` for one lock on `server`, each holding it for `section`, task `i` of
 /// client `i % clients` (see [`Shape::Contend`]).
 pub async fn contend<C: Contender>(
-    mode: &crate::Mode,
+    mode: &Mode,
     server: &RedisServer,
     contenders: Vec<C>,
     section: Duration,
@@ -175,10 +176,10 @@ impl Run {
     /// The hot lock with another `handoff_window`: its figures and the longest wait.
     pub fn window_row(&self, params: Params) -> Row {
         let row = self.one_holder_row(Workload::HotLock, params);
-        match self.tally.acquire.is_empty() {
-            true => row,
-            false => row.metric(Metric::WaitMaxUs, self.tally.acquire.max() as f64),
+        if self.tally.acquire.is_empty() {
+            return row;
         }
+        row.metric(Metric::WaitMaxUs, self.tally.acquire.max() as f64)
     }
 
     /// Where a section's time goes besides its nominal length: the section as it ran (mean), and
