@@ -1,7 +1,9 @@
 -- Set a countdown latch's count, only if it is open (absent, or counted down to zero).
--- KEYS[1] the latch hash: field `count` the count it was set to, and one field `a:<id>` per
--- count_down that arrived (so a resent count_down counts once).
--- ARGV[1] the count, an integer >= 1 (checked by the caller).
+-- KEYS[1] the latch hash: field `count` the count it was set to, field `round` this arming's id,
+-- and one field `a:<id>` per count_down that arrived (so a resent count_down counts once).
+-- ARGV[1] the count, an integer >= 1 (checked by the caller); ARGV[2] the round's id, digits of a
+-- random number below 2^53 (drawn by the caller), so that a count_down sent in an earlier round
+-- and landing late counts for nothing (see latch_count_down.lua).
 -- Returns 1 when set, 0 when the latch is still counting (nothing changed); a key of another type
 -- is an error, untouched. Setting (not adding) makes a resend harmless: the second call finds the
 -- latch counting and changes nothing.
@@ -15,5 +17,5 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
   redis.call('DEL', KEYS[1])
 end
-redis.call('HSET', KEYS[1], 'count', ARGV[1])
+redis.call('HSET', KEYS[1], 'count', ARGV[1], 'round', ARGV[2])
 return 1

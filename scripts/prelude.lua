@@ -45,11 +45,11 @@ local function wrong_type()
   return redis.error_reply('WRONGTYPE Operation against a key holding the wrong kind of value')
 end
 
--- The count left of the countdown latch `key`, a hash (field `count`, and one field per arrival:
--- see latch_set.lua), or false when that hash is no latch.
+-- The count left of the countdown latch `key`, a hash (fields `count` and `round`, and one field
+-- per arrival: see latch_set.lua), or false when that hash is no latch.
 local function latch_left(key)
   local n = tonumber(redis.call('HGET', key, 'count'))
-  return n and n - (redis.call('HLEN', key) - 1)
+  return n and n - (redis.call('HLEN', key) - 1 - redis.call('HEXISTS', key, 'round'))
 end
 
 -- redis.call as a local, for the batch functions (acquire.lua, release.lua and the others the batch

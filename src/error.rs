@@ -96,6 +96,15 @@ impl Error {
         matches!(self, Error::WrongType(_) | Error::Upgrade(_))
     }
 
+    /// A reply of a shape the script in question never gives (another server, or a script of
+    /// another version under the same name): a parse error.
+    pub(crate) fn unexpected_reply(what: &str, reply: &dyn std::fmt::Debug) -> Error {
+        Error::Redis(fred::error::Error::new(
+            fred::error::ErrorKind::Parse,
+            format!("unexpected reply to {what}: {reply:?}"),
+        ))
+    }
+
     /// Maps a Redis error about `key` to the most telling variant.
     pub(crate) fn from_redis(err: fred::error::Error, key: &str) -> Error {
         if err.details().contains("WRONGTYPE") {

@@ -75,34 +75,40 @@ impl CountDownLatch {
                 i64::MAX
             )));
         }
+        // A new id per arming (see `count_down`), below 2^53 so that the scripts' Lua numbers hold it.
+        let round = (Uuid::new_v4().as_u64_pair().0 >> 11).max(1);
+        let args = vec![Value::from(count as i64), Value::from(round.to_string())];
         let set = self
             .node()
-            .run_on(
-                &scripts().latch_set,
-                &self.keys.latch,
-                vec![Value::from(count as i64)],
-            )
+            .run_on(&scripts().latch_set, &self.keys.latch, args)
             .await?;
         Ok(set == 1)
     }
 
-    /// Counts one arrival; returns the count left (0 once the latch is open). At zero the latch
-    /// opens and every waiter wakes. On an open latch it changes nothing. Within the command
-    /// timeout.
+    /// Counts one arrival in the current round (the count [`set_count`](CountDownLatch::set_count)
+    /// armed); returns the count left (0 once the latch is open). At zero the latch opens and every
+    /// waiter wakes. On an open latch it changes nothing. Two requests, each within the command
+    /// timeout: it reads the round, then counts the arrival in it.
     ///
     /// An error (a timeout, a dropped connection) does not say that the arrival was not counted:
     /// the call may have landed, and the connection may still deliver it after the caller got the
     /// error (the chaos harness saw one land 1.4 s after its caller's `Timeout`, resent on
     /// reconnect). Each call carries an id, so it is counted once however often it lands; call
-    /// again only for an arrival that should count twice.
+    /// again only for an arrival that should count twice. And each carries the round it read: one
+    /// that lands after its round opened changes nothing (answering 0), and never counts in a
+    /// round armed since.
     pub async fn count_down(&self) -> Result<u64, Error> {
-        self.check()?;
+        let (left, round) = self.read().await?;
+        if left == 0 {
+            return Ok(0);
+        }
         let node = self.node();
         let id = Uuid::new_v4().simple().to_string();
         let args = vec![
             Value::from(id),
             Value::from(self.keys.channel.clone()),
             Value::from(node.publish()),
+            Value::from(round.to_string()),
         ];
         let left = node
             .run_on(&scripts().latch_count_down, &self.keys.latch, args)
@@ -112,12 +118,20 @@ impl CountDownLatch {
 
     /// The count left: 0 when the latch is open. Within the command timeout.
     pub async fn count(&self) -> Result<u64, Error> {
+        self.read().await.map(|(left, _)| left)
+    }
+
+    /// The count left and the current round's id (0 when open, or armed by a relock before rounds).
+    async fn read(&self) -> Result<(u64, i64), Error> {
         self.check()?;
-        let left = self
+        let reply = self
             .node()
-            .run_on(&scripts().latch_count, &self.keys.latch, Vec::new())
+            .run_list(&scripts().latch_count, &[&self.keys.latch], Vec::new())
             .await?;
-        Ok(left.max(0) as u64)
+        match reply[..] {
+            [left, round] => Ok((left.max(0) as u64, round)),
+            _ => Err(Error::unexpected_reply("a latch read", &reply)),
+        }
     }
 
     /// Waits until the latch is open (count zero). Each read of the count is bounded by the command

@@ -115,10 +115,7 @@ impl Semaphore {
             .await?;
         match reply.as_slice() {
             [free, _] => Ok((*free).max(0) as u64),
-            other => Err(Error::Redis(fred::error::Error::new(
-                fred::error::ErrorKind::Parse,
-                format!("unexpected reply to a semaphore read: {other:?}"),
-            ))),
+            other => Err(Error::unexpected_reply("a semaphore read", &other)),
         }
     }
 

@@ -1,14 +1,15 @@
 //! `CountDownLatch` against a real redis-server: arming only when open, counting down to zero and
 //! reuse (Redisson's `RedissonCountDownLatchTest` scenarios), waiters of several clients woken by
-//! the one message, bounded waits with the server paused, a resend counted once, bad input, and a
-//! model of the latch's rules driven by random operations over several clients.
+//! the one message, bounded waits with the server paused, a resend counted once, a late arrival
+//! kept out of the next round, a latch armed before rounds, bad input, and a model of the latch's
+//! rules driven by random operations over several clients.
 
 mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fred::interfaces::{KeysInterface, LuaInterface};
+use fred::interfaces::{HashesInterface, KeysInterface, LuaInterface};
 use proptest::prelude::*;
 use relock::{CountDownLatch, Error, LockClient, LockConfig};
 use support::{unique_name, RedisServer};
@@ -138,7 +139,8 @@ async fn a_resent_count_down_counts_once() {
         include_str!("../scripts/latch_count_down.lua")
     );
     let channel = format!("{}:zero", latch_key(latch.name()));
-    let args = vec!["call-1".to_string(), channel, "PUBLISH".to_string()];
+    let round: String = admin.hget(latch_key(latch.name()), "round").await.expect("round");
+    let args = vec!["call-1".to_string(), channel, "PUBLISH".to_string(), round];
     for _ in 0..2 {
         let left: i64 = admin
             .eval(body, vec![latch_key(latch.name())], args.clone())
@@ -152,6 +154,57 @@ async fn a_resent_count_down_counts_once() {
         1,
         "another call is another arrival"
     );
+}
+
+/// A count-down that its caller gave up on (`Error::Timeout`) and that reaches the server only
+/// after its round opened and the next was armed counts for nothing: an arrival belongs to the
+/// round it was sent in. (A late copy landing in the next round would release that round's waiters
+/// one arrival early.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_count_down_that_lands_after_its_round_opened_does_not_count_in_the_next() {
+    let server = RedisServer::start();
+    let proxy = support::proxy::Proxy::start(server.port()).await;
+    let late = LockClient::connect_with(
+        &proxy.url(),
+        LockConfig::default().command_timeout(Duration::from_millis(300)),
+    )
+    .await
+    .expect("connect through the proxy");
+    let coordinator = client(&server).await;
+    let name = unique_name("late");
+    let latch = coordinator.latch(&name);
+    assert!(latch.set_count(2).await.unwrap());
+    // Only the count-down call names the channel: the proxy holds it back past the caller's bound.
+    proxy.delay_request_once(b":zero", Duration::from_millis(1500));
+    let gave_up = late.latch(&name).count_down().await;
+    assert!(matches!(gave_up, Err(Error::Timeout(_))), "{gave_up:?}");
+    assert_eq!(latch.count_down().await.unwrap(), 1);
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    assert!(latch.set_count(2).await.unwrap(), "the next round");
+    // The held call reaches the server 1.5 s after it was sent.
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    assert_eq!(
+        latch.count().await.unwrap(),
+        2,
+        "the first round's late arrival counted in the second"
+    );
+    late.shutdown().await;
+}
+
+/// A latch armed before rounds (a hash with `count` and arrivals only, as an older relock leaves
+/// it) still counts down and opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_latch_armed_without_a_round_still_counts_down() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let latch = client.latch(&unique_name("older"));
+    let key = latch_key(latch.name());
+    server.cmd(&["HSET", &key, "count", "3", "a:earlier", "1"]);
+    assert_eq!(latch.count().await.unwrap(), 2);
+    assert!(!latch.set_count(5).await.unwrap(), "still counting");
+    assert_eq!(latch.count_down().await.unwrap(), 1);
+    assert_eq!(latch.count_down().await.unwrap(), 0);
+    assert!(!server.exists(&key), "opened");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
