@@ -1,6 +1,9 @@
 //! What is held, read from Redis, for operators: one lock's holders, lease and fence
 //! ([`LockClient::inspect`]), every held lock of the client's prefix
-//! ([`LockClient::held_locks`]), and a semaphore's permits and holders
+//! ([`LockClient::held_locks`]), a fair lock's holder and queue
+//! ([`LockClient::inspect_fair_lock`], [`LockClient::held_fair_locks`]), a read-write lock's
+//! writer, readers and waiting writers ([`LockClient::inspect_rw_lock`],
+//! [`LockClient::held_rw_locks`]), and a semaphore's permits and holders
 //! ([`LockClient::inspect_semaphore`], [`LockClient::held_semaphores`]). Reads only: nothing here
 //! changes a key.
 //!
@@ -9,7 +12,11 @@
 //! `{prefix}:{name}:fence`. A semaphore is the index hash `{prefix}:{name}:sem` (field `permits`,
 //! and one field per holder key with its permits) and one holder key per holder,
 //! `{prefix}:{name}:sem:h:client:owner`, a hash whose one field `client:owner:generation` holds its
-//! permits, with the holder's lease as its TTL (see `scripts/semaphore_acquire.lua`).
+//! permits, with the holder's lease as its TTL (see `scripts/semaphore_acquire.lua`). A fair lock is
+//! a lock hash `{prefix}:{name}:fair` and its queue (see `scripts/fair_acquire.lua`); a read-write
+//! lock a lock hash `{prefix}:{name}:rw` (the write lock), its readers' keys and its waiting
+//! writers (see `scripts/rw_read.lua`). All of one name are read in one script call,
+//! `scripts/inspect.lua`.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -18,7 +25,7 @@ use fred::clients::{Client, WithOptions};
 use fred::types::Value;
 
 use crate::config::check_name;
-use crate::keys::{LockKeys, SemaphoreKeys};
+use crate::keys::{FairKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::node::Node;
 use crate::{Error, LockClient};
 
@@ -72,14 +79,9 @@ pub struct Holder {
 impl Holder {
     /// Parses a field and its count; `None` if it is not one relock writes.
     fn parse(field: &str, count: &str) -> Option<Holder> {
-        let (client_id, rest) = field.split_once(':')?;
-        let (owner, generation) = rest.rsplit_once(':')?;
-        let valid = client_id.len() == 32
-            && client_id.bytes().all(|b| b.is_ascii_hexdigit())
-            && !owner.is_empty()
-            && !owner.chars().any(char::is_control)
-            && generation.bytes().all(|b| b.is_ascii_digit());
-        if !valid {
+        let (id, generation) = field.rsplit_once(':')?;
+        let (client_id, owner) = owner_id(id)?;
+        if !generation.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
         Some(Holder {
@@ -89,6 +91,94 @@ impl Holder {
             generation: generation.parse().ok()?,
             count: count.parse().ok()?,
         })
+    }
+}
+
+/// The client id and the owner of an owner id `client:owner`, if it is one relock writes.
+fn owner_id(id: &str) -> Option<(&str, &str)> {
+    let (client_id, owner) = id.split_once(':')?;
+    let valid = client_id.len() == 32
+        && client_id.bytes().all(|b| b.is_ascii_hexdigit())
+        && !owner.is_empty()
+        && !owner.chars().any(char::is_control);
+    valid.then_some((client_id, owner))
+}
+
+/// An owner that waits: in a fair lock's queue, or as a writer of a read-write lock (whose waiting
+/// holds new readers back).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Waiter {
+    /// The id of the [`LockClient`] it waits in (32 hex digits, random per client).
+    pub client_id: String,
+    /// The owner within that client, as in [`Holder::owner`].
+    pub owner: String,
+    /// How long its place is kept without a renewal (its key's `PTTL`): the watchdog renews it
+    /// while the owner waits, so a waiter that crashed drops out when it runs out. A read-write
+    /// lock's waiting writers share one. `None` if the key has no expiry, which relock never
+    /// leaves behind.
+    pub ttl: Option<Duration>,
+}
+
+impl Waiter {
+    fn parse(id: &str, ttl: i64) -> Option<Waiter> {
+        let (client_id, owner) = owner_id(id)?;
+        Some(Waiter {
+            client_id: client_id.to_string(),
+            owner: owner.to_string(),
+            ttl: ttl_of(ttl),
+        })
+    }
+}
+
+/// One fair lock as read from Redis at one moment: its hold and its queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FairLockInfo {
+    /// The fair lock's name, as given to [`LockClient::fair_lock`].
+    pub name: String,
+    /// The lock hash (`{prefix}:{name}:fair`), as [`LockClient::inspect`] reads a lock's; `None`
+    /// when nobody holds it.
+    pub lock: Option<LockInfo>,
+    /// The owners waiting their turn, first come first, the first 1,000 of them. A waiter whose
+    /// key ran out (it crashed) is left out, as the lock skips it.
+    pub queue: Vec<Waiter>,
+}
+
+/// One read-write lock as read from Redis at one moment: its writer, its readers and the writers
+/// waiting for them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwLockInfo {
+    /// The read-write lock's name, as given to [`LockClient::rw_lock`].
+    pub name: String,
+    /// The write lock (`{prefix}:{name}:rw`), as [`LockClient::inspect`] reads a lock's; `None`
+    /// when nobody writes.
+    pub writer: Option<LockInfo>,
+    /// The live read holds, sorted by key: each reader's own key with its own lease.
+    pub readers: Vec<ReadHold>,
+    /// The writers waiting for the readers to leave (new readers are held back meanwhile).
+    pub waiting_writers: Vec<Waiter>,
+}
+
+/// One reader's hold of a read-write lock: a key of its own, whose TTL is its lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReadHold {
+    /// The reader's key (`{prefix}:{name}:rw:readers:client:owner`).
+    pub key: String,
+    /// Its hold: owner, generation and count, as a lock's.
+    pub holder: Holder,
+    /// The time left on its lease (`PTTL`); `None` if the key has no expiry, which relock never
+    /// leaves behind.
+    pub ttl: Option<Duration>,
+}
+
+/// A `PTTL` as a time left: `None` for no expiry (-1), zero for a key that is gone (-2).
+fn ttl_of(ms: i64) -> Option<Duration> {
+    match ms {
+        -1 => None,
+        ms => Some(Duration::from_millis(ms.max(0) as u64)),
     }
 }
 
@@ -158,11 +248,22 @@ enum Read {
     Held(LockInfo),
 }
 
-/// A semaphore read: not there, there but not a relock semaphore, or a semaphore.
-enum SemRead {
+/// A semaphore, fair lock or read-write lock read: not there, there but not relock's, or found.
+enum Lookup<T> {
     Absent,
     Foreign,
-    Found(SemaphoreInfo),
+    Found(T),
+}
+
+impl<T> Lookup<T> {
+    /// As the `inspect_*` methods answer: `Foreign` is [`Error::WrongType`] for `key`.
+    fn answer(self, key: &str) -> Result<Option<T>, Error> {
+        match self {
+            Lookup::Absent => Ok(None),
+            Lookup::Foreign => Err(Error::WrongType(key.to_string())),
+            Lookup::Found(info) => Ok(Some(info)),
+        }
+    }
 }
 
 impl LockClient {
@@ -210,20 +311,101 @@ impl LockClient {
     pub async fn held_locks(&self, pattern: Option<&str>) -> Result<Vec<LockInfo>, Error> {
         let prefix = self.config().get_key_prefix();
         let node = self.node();
-        let names = scan_names(node, prefix, pattern, "").await?;
-        let mut out = Vec::new();
-        for chunk in names.chunks(READS_IN_FLIGHT) {
-            let reads = chunk.iter().map(|name| async move {
-                let keys = LockKeys::new(prefix, name);
-                read(node, &keys).await
-            });
-            for outcome in futures::future::join_all(reads).await {
-                if let Read::Held(info) = outcome? {
-                    out.push(info);
-                }
-            }
-        }
-        Ok(out)
+        let names = scan_names(node, prefix, pattern, &[""]).await?;
+        read_all(names, |name| async move {
+            let keys = LockKeys::new(prefix, &name);
+            Ok(match read(node, &keys).await? {
+                Read::Held(info) => Some(info),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// The state of the fair lock `name` (see [`fair_lock`](LockClient::fair_lock)): its hold as
+    /// [`inspect`](LockClient::inspect) reads a lock's, and its queue in order, read in one script
+    /// call (consistent). `Ok(None)` if nobody holds it and nobody waits. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// As [`inspect`](LockClient::inspect): [`Error::WrongType`] if one of its keys holds something
+    /// that is not relock's.
+    pub async fn inspect_fair_lock(&self, name: &str) -> Result<Option<FairLockInfo>, Error> {
+        check_name(name)?;
+        let keys = FairKeys::new(self.config().get_key_prefix(), name);
+        read_fair(self.node(), &keys).await?.answer(&keys.lock)
+    }
+
+    /// Every held fair lock under this client's key prefix, sorted by name; with a `pattern`, only
+    /// those whose name matches it (a Redis glob, as [`held_locks`](LockClient::held_locks)). On a
+    /// cluster, every primary is scanned, with `SCAN`; each lock listed is read consistently, with
+    /// its queue. Keys that are not relock's are left out. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// As [`held_locks`](LockClient::held_locks).
+    pub async fn held_fair_locks(&self, pattern: Option<&str>) -> Result<Vec<FairLockInfo>, Error> {
+        let prefix = self.config().get_key_prefix();
+        let node = self.node();
+        let names = scan_names(node, prefix, pattern, &[":fair"]).await?;
+        read_all(names, |name| async move {
+            let keys = FairKeys::new(prefix, &name);
+            Ok(match read_fair(node, &keys).await? {
+                Lookup::Found(info) if info.lock.is_some() => Some(info),
+                _ => None,
+            })
+        })
+        .await
+    }
+
+    /// The state of the read-write lock `name` (see [`rw_lock`](LockClient::rw_lock)): its write
+    /// hold as [`inspect`](LockClient::inspect) reads a lock's, each live reader's hold and lease,
+    /// and the writers waiting, read in one script call (consistent). `Ok(None)` if nobody writes,
+    /// reads or waits to write. Reads only.
+    ///
+    /// # Errors
+    ///
+    /// As [`inspect`](LockClient::inspect): [`Error::WrongType`] if one of its keys holds something
+    /// that is not relock's.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+    /// if let Some(info) = client.inspect_rw_lock("config").await? {
+    ///     println!("{} readers, {} writers waiting", info.readers.len(), info.waiting_writers.len());
+    ///     if let Some(writer) = &info.writer {
+    ///         println!("written by {:?}", writer.holders);
+    ///     }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn inspect_rw_lock(&self, name: &str) -> Result<Option<RwLockInfo>, Error> {
+        check_name(name)?;
+        let keys = RwKeys::new(self.config().get_key_prefix(), name);
+        read_rw(self.node(), &keys).await?.answer(&keys.write)
+    }
+
+    /// Every read-write lock that is written or read under this client's key prefix, sorted by
+    /// name; with a `pattern`, only those whose name matches it (a Redis glob, as
+    /// [`held_locks`](LockClient::held_locks)). On a cluster, every primary is scanned, with
+    /// `SCAN`; each lock listed is read consistently. Keys that are not relock's are left out.
+    /// Reads only.
+    ///
+    /// # Errors
+    ///
+    /// As [`held_locks`](LockClient::held_locks).
+    pub async fn held_rw_locks(&self, pattern: Option<&str>) -> Result<Vec<RwLockInfo>, Error> {
+        let prefix = self.config().get_key_prefix();
+        let node = self.node();
+        let names = scan_names(node, prefix, pattern, &[":rw", ":rw:readers"]).await?;
+        read_all(names, |name| async move {
+            let keys = RwKeys::new(prefix, &name);
+            Ok(match read_rw(node, &keys).await? {
+                Lookup::Found(info) if info.writer.is_some() || !info.readers.is_empty() => Some(info),
+                _ => None,
+            })
+        })
+        .await
     }
 
     /// The state of the semaphore `name` on this client's Redis: the permits stored with it, and
@@ -252,11 +434,7 @@ impl LockClient {
     pub async fn inspect_semaphore(&self, name: &str) -> Result<Option<SemaphoreInfo>, Error> {
         check_name(name)?;
         let keys = SemaphoreKeys::new(self.config().get_key_prefix(), name);
-        match read_semaphore(self.node(), &keys).await? {
-            SemRead::Absent => Ok(None),
-            SemRead::Foreign => Err(Error::WrongType(keys.index.to_string())),
-            SemRead::Found(info) => Ok(Some(info)),
-        }
+        read_semaphore(self.node(), &keys).await?.answer(&keys.index)
     }
 
     /// Every semaphore with at least one live holder under this client's key prefix, sorted by
@@ -271,23 +449,16 @@ impl LockClient {
     /// [`Error::Timeout`] or [`Error::Redis`] when a request fails.
     pub async fn held_semaphores(&self, pattern: Option<&str>) -> Result<Vec<SemaphoreInfo>, Error> {
         let prefix = self.config().get_key_prefix();
-        let names = scan_names(self.node(), prefix, pattern, ":sem").await?;
         let node = self.node();
-        let mut out = Vec::new();
-        for chunk in names.chunks(READS_IN_FLIGHT) {
-            let reads = chunk.iter().map(|name| async move {
-                let keys = SemaphoreKeys::new(prefix, name);
-                read_semaphore(node, &keys).await
-            });
-            for outcome in futures::future::join_all(reads).await {
-                if let SemRead::Found(info) = outcome? {
-                    if !info.holders.is_empty() {
-                        out.push(info);
-                    }
-                }
-            }
-        }
-        Ok(out)
+        let names = scan_names(node, prefix, pattern, &[":sem"]).await?;
+        read_all(names, |name| async move {
+            let keys = SemaphoreKeys::new(prefix, &name);
+            Ok(match read_semaphore(node, &keys).await? {
+                Lookup::Found(info) if !info.holders.is_empty() => Some(info),
+                _ => None,
+            })
+        })
+        .await
     }
 
     fn node(&self) -> &Node {
@@ -295,13 +466,31 @@ impl LockClient {
     }
 }
 
-/// The names of the keys `{prefix}:{name}{suffix}` on every primary whose name matches `pattern`
-/// (every name if `None`), sorted and deduplicated, found by `SCAN`.
+/// Reads each of `names` with `read`, at most [`READS_IN_FLIGHT`] at once, and keeps what it
+/// found, in order.
+async fn read_all<T, F, R>(names: Vec<String>, read: F) -> Result<Vec<T>, Error>
+where
+    F: Fn(String) -> R,
+    R: std::future::Future<Output = Result<Option<T>, Error>>,
+{
+    let mut out = Vec::new();
+    let mut names = names.into_iter().peekable();
+    while names.peek().is_some() {
+        let reads = names.by_ref().take(READS_IN_FLIGHT).map(&read);
+        for found in futures::future::join_all(reads).await {
+            out.extend(found?);
+        }
+    }
+    Ok(out)
+}
+
+/// The names of the keys `{prefix}:{name}{suffix}` (for any of `suffixes`) on every primary whose
+/// name matches `pattern` (every name if `None`), sorted and deduplicated, found by `SCAN`.
 async fn scan_names(
     node: &Node,
     prefix: &str,
     pattern: Option<&str>,
-    suffix: &str,
+    suffixes: &[&str],
 ) -> Result<Vec<String>, Error> {
     let pattern = pattern.unwrap_or("*");
     if pattern.contains(['{', '}']) || pattern.chars().any(char::is_control) {
@@ -310,7 +499,6 @@ async fn scan_names(
         )));
     }
     let link = &node.link;
-    let matching = format!("{}:{{{pattern}}}{}", escape_glob(prefix), escape_glob(suffix));
     let mut names = BTreeSet::new();
     let primaries = link.topology.primaries(&link.client, &link.options);
     if primaries.is_empty() {
@@ -320,10 +508,13 @@ async fn scan_names(
             "the cluster's primaries are not known yet",
         )));
     }
-    for primary in primaries {
-        for key in scan(node, &primary, &matching).await? {
-            if let Some(name) = key.strip_suffix(suffix).and_then(|key| name_of(key, prefix)) {
-                names.insert(name.to_string());
+    for suffix in suffixes {
+        let matching = format!("{}:{{{pattern}}}{}", escape_glob(prefix), escape_glob(suffix));
+        for primary in &primaries {
+            for key in scan(node, primary, &matching).await? {
+                if let Some(name) = key.strip_suffix(suffix).and_then(|key| name_of(key, prefix)) {
+                    names.insert(name.to_string());
+                }
             }
         }
     }
@@ -385,18 +576,137 @@ async fn scan(node: &Node, server: &WithOptions<Client>, pattern: &str) -> Resul
     }
 }
 
-/// Reads one lock in one script call (`scripts/inspect.lua`; made again while a resharding
-/// cluster redirects it, within the node's bound).
+/// Reads one lock in one script call (`scripts/inspect.lua`, within the node's bound).
 async fn read(node: &Node, keys: &LockKeys) -> Result<Read, Error> {
-    let reply = node.read_lock(keys).await?;
-    parse(&keys.name, &keys.lock, reply)
+    let parts = items(node.read_lock(&[&keys.lock, &keys.fence], "plain").await?)?;
+    parse(&keys.name, &keys.lock, &parts)
 }
 
-/// The reply of `scripts/inspect.lua` as a [`Read`].
-fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
-    let Value::Array(parts) = reply else {
-        return Err(malformed("lock read", &reply));
+/// Reads one fair lock and its queue in one script call (`scripts/inspect.lua`).
+async fn read_fair(node: &Node, keys: &FairKeys) -> Result<Lookup<FairLockInfo>, Error> {
+    let parts = items(
+        node.read_lock(&[&keys.lock, &keys.fence, &keys.queue], "fair")
+            .await?,
+    )?;
+    let lock = match parse(&keys.name, &keys.lock, &parts)? {
+        Read::Foreign => return Ok(Lookup::Foreign),
+        Read::Free => None,
+        Read::Held(info) => Some(info),
     };
+    let Some(Value::Array(entries)) = parts.get(4) else {
+        return Ok(Lookup::Foreign);
+    };
+    let mut queue = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let (Some(id), Some(ttl)) = (
+            item(entry, 0).and_then(Value::as_string),
+            item(entry, 1).and_then(Value::as_i64),
+        ) else {
+            return Err(malformed("fair lock read", entry));
+        };
+        // -2: a waiter that crashed (its key ran out); the lock skips it.
+        if ttl == -2 {
+            continue;
+        }
+        match Waiter::parse(&id, ttl) {
+            Some(waiter) => queue.push(waiter),
+            None => return Ok(Lookup::Foreign),
+        }
+    }
+    if lock.is_none() && queue.is_empty() {
+        return Ok(Lookup::Absent);
+    }
+    Ok(Lookup::Found(FairLockInfo {
+        name: keys.name.to_string(),
+        lock,
+        queue,
+    }))
+}
+
+/// Reads one read-write lock in one script call (`scripts/inspect.lua`).
+async fn read_rw(node: &Node, keys: &RwKeys) -> Result<Lookup<RwLockInfo>, Error> {
+    let parts = items(
+        node.read_lock(&[&keys.write, &keys.fence, &keys.readers, &keys.waiting], "rw")
+            .await?,
+    )?;
+    let writer = match parse(&keys.name, &keys.write, &parts)? {
+        Read::Foreign => return Ok(Lookup::Foreign),
+        Read::Free => None,
+        Read::Held(info) => Some(info),
+    };
+    let (Some(Value::Array(entries)), Some(Value::Array(waiting))) = (parts.get(4), parts.get(5)) else {
+        return Ok(Lookup::Foreign);
+    };
+    let mut readers = Vec::with_capacity(entries.len());
+    for entry in entries {
+        let (Some(key), Some(ttl)) = (
+            item(entry, 0).and_then(Value::as_string),
+            item(entry, 1).and_then(Value::as_i64),
+        ) else {
+            return Err(malformed("read-write lock read", entry));
+        };
+        // Gone: released, or its lease ran out (the set is tidied by the next writer).
+        if ttl == -2 {
+            continue;
+        }
+        let Some(Value::Array(fields)) = item(entry, 2) else {
+            return Ok(Lookup::Foreign);
+        };
+        let mut holds = fields.chunks(2).map(|pair| {
+            let field = pair.first().and_then(Value::as_string)?;
+            let count = pair.get(1).and_then(Value::as_string)?;
+            Holder::parse(&field, &count)
+        });
+        let Some(Some(holder)) = holds.next() else {
+            return Ok(Lookup::Foreign);
+        };
+        readers.push(ReadHold {
+            key: key.to_string(),
+            holder,
+            ttl: ttl_of(ttl),
+        });
+    }
+    readers.sort_by(|a, b| a.key.cmp(&b.key));
+    let (Some(ttl), Some(Value::Array(ids))) = (waiting.first().and_then(Value::as_i64), waiting.get(1))
+    else {
+        return Err(malformed("read-write lock read", &Value::Array(waiting.clone())));
+    };
+    let mut waiting_writers = Vec::with_capacity(ids.len());
+    for id in ids {
+        match id.as_string().and_then(|id| Waiter::parse(&id, ttl)) {
+            Some(waiter) => waiting_writers.push(waiter),
+            None => return Ok(Lookup::Foreign),
+        }
+    }
+    if writer.is_none() && readers.is_empty() && waiting_writers.is_empty() {
+        return Ok(Lookup::Absent);
+    }
+    Ok(Lookup::Found(RwLockInfo {
+        name: keys.name.to_string(),
+        writer,
+        readers,
+        waiting_writers,
+    }))
+}
+
+/// The items of a script's list reply.
+fn items(reply: Value) -> Result<Vec<Value>, Error> {
+    match reply {
+        Value::Array(parts) => Ok(parts),
+        other => Err(malformed("lock read", &other)),
+    }
+}
+
+/// Item `i` of a list reply `value`, if it is a list that long.
+fn item(value: &Value, i: usize) -> Option<&Value> {
+    match value {
+        Value::Array(items) => items.get(i),
+        _ => None,
+    }
+}
+
+/// The lock hash of a `scripts/inspect.lua` reply (its first four items) as a [`Read`].
+fn parse(name: &str, key: &str, parts: &[Value]) -> Result<Read, Error> {
     let kind = parts.first().and_then(Value::as_string).unwrap_or_default();
     let fence = parts
         .get(1)
@@ -412,10 +722,10 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
         Some(-2) => return Ok(Read::Free),
         Some(ms) if ms >= 0 => Some(Duration::from_millis(ms as u64)),
         Some(_) => None,
-        None => return Err(malformed("lock read", &Value::Array(parts))),
+        None => return Err(malformed("lock read", &Value::Array(parts.to_vec()))),
     };
     let Some(Value::Array(fields)) = parts.get(3) else {
-        return Err(malformed("lock read", &Value::Array(parts)));
+        return Err(malformed("lock read", &Value::Array(parts.to_vec())));
     };
     let mut holders = Vec::with_capacity(fields.len() / 2);
     let mut contended = false;
@@ -451,20 +761,20 @@ fn parse(name: &str, key: &str, reply: Value) -> Result<Read, Error> {
 
 /// Reads one semaphore in one script call (`scripts/inspect_semaphore.lua`, within the node's
 /// bound).
-async fn read_semaphore(node: &Node, keys: &SemaphoreKeys) -> Result<SemRead, Error> {
+async fn read_semaphore(node: &Node, keys: &SemaphoreKeys) -> Result<Lookup<SemaphoreInfo>, Error> {
     let reply = node.read_semaphore(keys).await?;
     parse_semaphore(&keys.name, &keys.index, reply)
 }
 
-/// The reply of `scripts/inspect_semaphore.lua` as a [`SemRead`].
-fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<SemRead, Error> {
+/// The reply of `scripts/inspect_semaphore.lua` as a [`Lookup`].
+fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<Lookup<SemaphoreInfo>, Error> {
     let Value::Array(parts) = reply else {
         return Err(malformed("semaphore read", &reply));
     };
     match parts.first().and_then(Value::as_string).as_deref() {
-        Some("none") => return Ok(SemRead::Absent),
+        Some("none") => return Ok(Lookup::Absent),
         Some("hash") => {}
-        Some(_) => return Ok(SemRead::Foreign),
+        Some(_) => return Ok(Lookup::Foreign),
         None => return Err(malformed("semaphore read", &Value::Array(parts))),
     }
     // Every acquisition stores the permits before it adds a holder: an index without them is not
@@ -474,7 +784,7 @@ fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<SemRead, Err
         .and_then(Value::as_string)
         .and_then(|p| p.parse::<u64>().ok())
     else {
-        return Ok(SemRead::Foreign);
+        return Ok(Lookup::Foreign);
     };
     let Some(Value::Array(entries)) = parts.get(2) else {
         return Err(malformed("semaphore read", &Value::Array(parts)));
@@ -497,10 +807,10 @@ fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<SemRead, Err
             .strip_prefix(&holder_prefix)
             .and_then(|holder| holder.split_once(':'))
         else {
-            return Ok(SemRead::Foreign);
+            return Ok(Lookup::Foreign);
         };
         let Ok(permits) = held.parse::<u64>() else {
-            return Ok(SemRead::Foreign);
+            return Ok(Lookup::Foreign);
         };
         let ttl = match ttl {
             // Released, or its lease ran out: free.
@@ -531,7 +841,7 @@ fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<SemRead, Err
         });
     }
     holders.sort_by(|a, b| a.key.cmp(&b.key));
-    Ok(SemRead::Found(SemaphoreInfo {
+    Ok(Lookup::Found(SemaphoreInfo {
         name: name.to_string(),
         key: index.to_string(),
         permits,

@@ -63,8 +63,9 @@
 //!   and each watchdog round in a `watchdog_round` span; relock's events nest in them.
 //! - **Metrics** (feature `metrics`): counters, gauges and histograms through the `metrics` facade,
 //!   listed in the README; [`LockConfig::metrics_lock_names`] adds the lock's name as a label.
-//! - **Inspection**: [`LockClient::inspect`] and [`LockClient::held_locks`] read who holds what; the
-//!   `relock` binary (feature `cli`) prints them, force-unlocks and watches a lock.
+//! - **Inspection**: [`LockClient::inspect`] and [`LockClient::held_locks`] read who holds what
+//!   (and their kin for fair locks, read-write locks and semaphores); the `relock` binary (feature
+//!   `cli`) prints them, force-unlocks and watches a lock.
 //! - **Blocking code**: [`blocking`] wraps the API for threads outside any runtime.
 //!
 //! Features: `tls-rustls` (default) or `tls-native` for `rediss://`; `metrics`; `cli`.
@@ -112,7 +113,9 @@ pub use config::{
 };
 pub use error::Error;
 pub use guard::LockGuard;
-pub use inspect::{Holder, LockInfo, PermitHolder, SemaphoreInfo};
+pub use inspect::{
+    FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
+};
 pub use latch::CountDownLatch;
 pub use lock::Lock;
 pub use lock_set::{LockSet, LockSetGuard};

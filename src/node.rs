@@ -631,13 +631,11 @@ impl Node {
         }
     }
 
-    /// One lock as `scripts/inspect.lua` reads it (for `inspect.rs`), within the node's bound.
-    pub(crate) async fn read_lock(&self, keys: &LockKeys) -> Result<Value, Error> {
-        let call = self.script(
-            &scripts().inspect,
-            vec![Key::from(&keys.lock), Key::from(&keys.fence)],
-            Vec::new(),
-        );
+    /// One lock as `scripts/inspect.lua` reads it (for `inspect.rs`): `keys` and `which` (its
+    /// `ARGV[1]`) as that script takes them, within the node's bound.
+    pub(crate) async fn read_lock(&self, keys: &[&Str], which: &'static str) -> Result<Value, Error> {
+        let keys = keys.iter().map(|key| Key::from(*key)).collect();
+        let call = self.script(&scripts().inspect, keys, vec![Value::from(which)]);
         self.bounded(call).await
     }
 

@@ -734,3 +734,252 @@ async fn show_describes_a_semaphore_and_its_holders() {
     one.shutdown().await;
     two.shutdown().await;
 }
+
+/// Waits (up to 10 s) until `check` holds for what `read` reads.
+async fn until<T, F, R>(what: &str, mut read: F, check: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> R,
+    R: std::future::Future<Output = T>,
+    T: std::fmt::Debug,
+{
+    let start = Instant::now();
+    loop {
+        let value = read().await;
+        if check(&value) {
+            return value;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{what}: {value:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A fair lock's holder and its queue, in order: read by `inspect_fair_lock`, shown by `show`
+/// (also with `--json`), listed by `list --fair`; the queue moves on as the lock is handed down;
+/// a queue of another type exits 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_describes_a_fair_lock_and_its_queue() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (one, two) = (client(&url).await, client(&url).await);
+    let name = unique_name("fair");
+    let held = one.fair_lock(&name).acquire().await.expect("acquire");
+    let read = || async { one.inspect_fair_lock(&name).await.expect("inspect") };
+    let mut waiters = Vec::new();
+    for place in 1..=2 {
+        let lock = two.fair_lock(&name);
+        waiters.push(tokio::spawn(async move { lock.acquire().await }));
+        until("queued", read, |info| {
+            info.as_ref().is_some_and(|i| i.queue.len() == place)
+        })
+        .await;
+    }
+    let info = read().await.expect("a fair lock");
+    let lock = info.lock.as_ref().expect("held");
+    assert_eq!(lock.key, format!("relock:{{{name}}}:fair"));
+    assert_eq!(lock.hold_count(), 1);
+    let holder = &lock.holders[0];
+    let queue = &info.queue;
+    assert_eq!(queue[0].client_id, queue[1].client_id, "{info:?}");
+    assert_ne!(queue[0].client_id, holder.client_id, "{info:?}");
+    assert_ne!(queue[0].owner, queue[1].owner, "{info:?}");
+    assert!(
+        queue.iter().all(|w| w.ttl.is_some_and(|t| t > Duration::ZERO)),
+        "{info:?}"
+    );
+
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(0), "{shown:?}");
+    let text = stdout(&shown);
+    println!("{text}");
+    assert!(text.starts_with(&format!("fair lock   {name}\n")), "{text}");
+    for (place, waiter) in queue.iter().enumerate() {
+        assert!(
+            text.contains(&format!(
+                "\nqueued {} client {} owner {} ttl ",
+                place + 1,
+                waiter.client_id,
+                waiter.owner
+            )),
+            "{text}"
+        );
+    }
+    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
+    println!("{json}");
+    assert!(
+        json.starts_with(&format!(
+            "{{\"name\":\"{name}\",\"fair_lock\":{{\"name\":\"{name}\",\"lock\":{{\"name\":\"{name}\",\"key\":\"relock:{{{name}}}:fair\""
+        )) && json.contains(&format!(
+            "\"queue\":[{{\"client_id\":\"{}\",\"owner\":\"{}\",\"ttl_ms\":",
+            queue[0].client_id, queue[0].owner
+        )),
+        "{json}"
+    );
+    let listed = stdout(&relock(&["--url", &url, "list", "--fair", &name], "").await);
+    let cells = row(&listed, &name).unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (cells[1], cells[2], cells[4]),
+        (
+            format!("{}:{}", holder.client_id, holder.owner).as_str(),
+            "1",
+            "2"
+        ),
+        "{listed}"
+    );
+
+    // Handed down in order: the first waiter holds it, the second still queues.
+    held.release().await.expect("release");
+    let first = waiters.remove(0).await.unwrap().expect("the first waiter's turn");
+    let info = until("handed down", read, |info| {
+        info.as_ref()
+            .is_some_and(|i| i.lock.is_some() && i.queue.len() == 1)
+    })
+    .await
+    .expect("a fair lock");
+    assert_eq!(info.lock.expect("held").holders[0].owner, queue[0].owner);
+    assert_eq!(info.queue[0].owner, queue[1].owner);
+    first.release().await.expect("release");
+    waiters
+        .remove(0)
+        .await
+        .unwrap()
+        .expect("the second waiter's turn")
+        .release()
+        .await
+        .expect("release");
+    assert_eq!(one.inspect_fair_lock(&name).await.expect("inspect"), None);
+    let gone = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&gone), Some(1), "{gone:?}");
+
+    server.cmd(&["SET", "relock:{not-fair}:fair:queue", "x"]);
+    assert!(matches!(
+        one.inspect_fair_lock("not-fair").await,
+        Err(Error::WrongType(_))
+    ));
+    let foreign = relock(&["--url", &url, "show", "not-fair"], "").await;
+    assert_eq!(code(&foreign), Some(3), "{foreign:?}");
+    one.shutdown().await;
+    two.shutdown().await;
+}
+
+/// A read-write lock's readers (each with its lease) and the writer waiting for them: read by
+/// `inspect_rw_lock`, shown by `show` (also with `--json`), listed by `list --rw`; then the writer
+/// that got it; a readers' set of another type exits 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let (one, two) = (client(&url).await, client(&url).await);
+    let name = unique_name("rw");
+    let readers = [
+        one.rw_lock(&name).read().acquire().await.expect("read"),
+        two.rw_lock(&name).read().acquire().await.expect("read"),
+    ];
+    let writer = {
+        let lock = two.rw_lock(&name).write();
+        tokio::spawn(async move { lock.acquire().await })
+    };
+    let read = || async { one.inspect_rw_lock(&name).await.expect("inspect") };
+    let info = until("a writer waits", read, |info| {
+        info.as_ref().is_some_and(|i| i.waiting_writers.len() == 1)
+    })
+    .await
+    .expect("a read-write lock");
+    assert!(info.writer.is_none(), "{info:?}");
+    assert_eq!(info.readers.len(), 2, "{info:?}");
+    for reader in &info.readers {
+        assert!(
+            reader.key.starts_with(&format!("relock:{{{name}}}:rw:readers:"))
+                && reader.holder.count == 1
+                && reader
+                    .ttl
+                    .is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(3)),
+            "{reader:?}"
+        );
+    }
+    assert_ne!(info.readers[0].holder.client_id, info.readers[1].holder.client_id);
+    let waiting = &info.waiting_writers[0];
+
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(0), "{shown:?}");
+    let text = stdout(&shown);
+    println!("{text}");
+    assert!(
+        text.starts_with(&format!("read-write lock {name}: not written\n")),
+        "{text}"
+    );
+    for reader in &info.readers {
+        assert!(
+            text.contains(&format!(
+                "\nreader client {} owner {} generation {} count 1 ttl ",
+                reader.holder.client_id, reader.holder.owner, reader.holder.generation
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!(
+            "\nwaiting writer client {} owner {} ttl ",
+            waiting.client_id, waiting.owner
+        )),
+        "{text}"
+    );
+    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
+    println!("{json}");
+    assert!(
+        json.starts_with(&format!(
+            "{{\"name\":\"{name}\",\"rw_lock\":{{\"name\":\"{name}\",\"writer\":null,\"readers\":[{{\"key\":\"{}\",\"ttl_ms\":",
+            info.readers[0].key
+        )) && json.contains(&format!(
+            "\"waiting_writers\":[{{\"client_id\":\"{}\",\"owner\":\"{}\",\"ttl_ms\":",
+            waiting.client_id, waiting.owner
+        )),
+        "{json}"
+    );
+    let listed = stdout(&relock(&["--url", &url, "list", "--rw", &name], "").await);
+    assert_eq!(
+        row(&listed, &name),
+        Some(vec![name.as_str(), "-", "2", "1", "-"]),
+        "{listed}"
+    );
+
+    // The readers leave; the writer gets it.
+    for reader in readers {
+        reader.release().await.expect("release");
+    }
+    let written = writer.await.unwrap().expect("the writer's turn");
+    let info = read().await.expect("written");
+    let lock = info.writer.as_ref().expect("a writer");
+    assert_eq!(lock.key, format!("relock:{{{name}}}:rw"));
+    assert_eq!(lock.holders[0].owner, waiting.owner);
+    assert!(
+        info.readers.is_empty() && info.waiting_writers.is_empty(),
+        "{info:?}"
+    );
+    let listed = stdout(&relock(&["--url", &url, "list", "--rw", &name], "").await);
+    let cells = row(&listed, &name).unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (cells[1], cells[2], cells[3]),
+        (
+            format!("{}:{}", waiting.client_id, waiting.owner).as_str(),
+            "0",
+            "0"
+        ),
+        "{listed}"
+    );
+    written.release().await.expect("release");
+    assert_eq!(one.inspect_rw_lock(&name).await.expect("inspect"), None);
+
+    server.cmd(&["SET", "relock:{not-rw}:rw:readers", "x"]);
+    assert!(matches!(
+        one.inspect_rw_lock("not-rw").await,
+        Err(Error::WrongType(_))
+    ));
+    let foreign = relock(&["--url", &url, "show", "not-rw"], "").await;
+    assert_eq!(code(&foreign), Some(3), "{foreign:?}");
+    assert!(matches!(
+        one.inspect_rw_lock("a{b").await,
+        Err(Error::InvalidName(_))
+    ));
+    one.shutdown().await;
+    two.shutdown().await;
+}

@@ -3,8 +3,13 @@
 //! ```text
 //! relock list [PATTERN]      held locks (name, holder, hold count, lease left, fence), by SCAN
 //!   --semaphores             held semaphores instead (name, permits, held, free, holders)
-//! relock show NAME           one lock in detail, and a latch of that name that is counting and a
-//!                            semaphore of that name (its permits, each holder's permits and lease)
+//!   --fair                   held fair locks instead (name, holder, hold count, lease left, queued)
+//!   --rw                     read-write locks written or read instead (name, writer, readers,
+//!                            writers waiting, the write lease left)
+//! relock show NAME           one lock in detail, and of that name: a latch that is counting, a
+//!                            semaphore (its permits, each holder's permits and lease), a fair lock
+//!                            (its holder and queue) and a read-write lock (its writer, each
+//!                            reader's hold and lease, the writers waiting)
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
 //! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
 //! ```
@@ -23,14 +28,17 @@
 //! key). A hold shorter than one read may go unseen.
 //!
 //! Exit codes: 0 done; 1 not found or nothing to do (`show` of a name with no held lock, counting
-//! latch or semaphore; `unlock` of a lock nobody holds);
+//! latch, semaphore, fair lock or read-write lock; `unlock` of a lock nobody holds);
 //! 2 usage error (bad arguments, lock name or prefix); 3 connection or Redis error (also a bad URL,
 //! or a key at the lock's name that is not a relock lock); 4 confirmation refused (`unlock`
 //! answered anything but `y`/`yes`, or stdin closed).
 //!
 //! `show --json` prints one object: the lock's (as `list --json`) if it is held, else `{"name":...}`;
-//! with `"latch_count"` when a latch of the name is counting, and `"semaphore"` (key, permits, held,
-//! available, holders with their permits and `ttl_ms`) when a semaphore of the name exists; `null`
+//! with `"latch_count"` when a latch of the name is counting, `"semaphore"` (key, permits, held,
+//! available, holders with their permits and `ttl_ms`) when a semaphore of the name exists,
+//! `"fair_lock"` (`lock`: as `list --json`'s or `null`, `queue`: client id, owner and `ttl_ms` of
+//! each waiter in order) and `"rw_lock"` (`writer`: as `list --json`'s or `null`, `readers`: key,
+//! client id, owner, generation, count and `ttl_ms` of each, `waiting_writers` as a queue); `null`
 //! when there is none of them.
 //!
 //! `unlock` prints the lock as read just before it removed it: a holder that changed in between
@@ -46,7 +54,9 @@ use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInter
 use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::{Options, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
-use relock::{Error, Holder, LockClient, LockConfig, LockInfo, SemaphoreInfo};
+use relock::{
+    Error, FairLockInfo, Holder, LockClient, LockConfig, LockInfo, RwLockInfo, SemaphoreInfo, Waiter,
+};
 use tokio::sync::broadcast;
 
 /// Done.
@@ -104,11 +114,19 @@ enum Command {
         /// Only locks whose name matches this Redis glob (*, ?, [abc]).
         pattern: Option<String>,
         /// List the semaphores with permits held instead: name, permits, held, free, holders.
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["fair", "rw"])]
         semaphores: bool,
+        /// List the held fair locks instead: name, holder, hold count, lease left, waiters queued.
+        #[arg(long, conflicts_with = "rw")]
+        fair: bool,
+        /// List the read-write locks written or read instead: name, writer, readers, writers
+        /// waiting, the write lease left.
+        #[arg(long)]
+        rw: bool,
     },
-    /// Show one lock in detail, the countdown latch of that name if it is counting, and the
-    /// semaphore of that name if there is one: its permits and each holder's permits and lease left
+    /// Show one lock in detail, and of that name: the countdown latch if it is counting, the
+    /// semaphore (its permits, each holder's permits and lease left), the fair lock (its holder and
+    /// queue) and the read-write lock (its writer, readers and waiting writers), those there are
     /// (exit code 1 if none of them).
     Show {
         /// The lock's (latch's, semaphore's) name.
@@ -206,12 +224,21 @@ async fn run(cli: Cli) -> u8 {
     let outcome = match &cli.command {
         Command::List {
             pattern,
-            semaphores: false,
-        } => list(&client, &cli, pattern.as_deref()).await,
-        Command::List {
-            pattern,
-            semaphores: true,
-        } => list_semaphores(&client, &cli, pattern.as_deref()).await,
+            semaphores,
+            fair,
+            rw,
+        } => {
+            let pattern = pattern.as_deref();
+            if *semaphores {
+                list_semaphores(&client, &cli, pattern).await
+            } else if *fair {
+                list_fair(&client, &cli, pattern).await
+            } else if *rw {
+                list_rw(&client, &cli, pattern).await
+            } else {
+                list(&client, &cli, pattern).await
+            }
+        }
         Command::Show { name } => show(&client, &cli, name).await,
         Command::Unlock { name, yes } => unlock(&client, &cli, name, *yes).await,
         Command::Watch {
@@ -306,18 +333,91 @@ async fn list_semaphores(client: &LockClient, cli: &Cli, pattern: Option<&str>) 
     Ok(OK)
 }
 
+async fn list_fair(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
+    let locks = client.held_fair_locks(pattern).await?;
+    if cli.json {
+        let items: Vec<String> = locks.iter().map(fair_json).collect();
+        out(&format!("[{}]", items.join(",")))?;
+        return Ok(OK);
+    }
+    if locks.is_empty() {
+        eprintln!("relock: no fair locks held");
+        return Ok(OK);
+    }
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "OWNER".to_string(),
+        "HOLDS".to_string(),
+        "TTL".to_string(),
+        "QUEUED".to_string(),
+    ]];
+    for fair in &locks {
+        let Some(info) = &fair.lock else { continue };
+        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+        rows.push([
+            fair.name.clone(),
+            owners.join(","),
+            info.hold_count().to_string(),
+            ttl_text(info.ttl),
+            fair.queue.len().to_string(),
+        ]);
+    }
+    out(&table(&rows))?;
+    Ok(OK)
+}
+
+async fn list_rw(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
+    let locks = client.held_rw_locks(pattern).await?;
+    if cli.json {
+        let items: Vec<String> = locks.iter().map(rw_json).collect();
+        out(&format!("[{}]", items.join(",")))?;
+        return Ok(OK);
+    }
+    if locks.is_empty() {
+        eprintln!("relock: no read-write locks written or read");
+        return Ok(OK);
+    }
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "WRITER".to_string(),
+        "READERS".to_string(),
+        "WAITING".to_string(),
+        "TTL".to_string(),
+    ]];
+    for info in &locks {
+        let (writer, ttl) = match &info.writer {
+            Some(writer) => {
+                let owners: Vec<String> = writer.holders.iter().map(holder_name).collect();
+                (owners.join(","), ttl_text(writer.ttl))
+            }
+            None => ("-".to_string(), "-".to_string()),
+        };
+        rows.push([
+            info.name.clone(),
+            writer,
+            info.readers.len().to_string(),
+            info.waiting_writers.len().to_string(),
+            ttl,
+        ]);
+    }
+    out(&table(&rows))?;
+    Ok(OK)
+}
+
 async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure> {
     let info = client.inspect(name).await?;
     // The countdown latch of the same name, if it is counting (0: never set, or open).
     let latch = client.latch(name).count().await?;
     let semaphore = client.inspect_semaphore(name).await?;
-    if info.is_none() && latch == 0 && semaphore.is_none() {
+    let fair = client.inspect_fair_lock(name).await?;
+    let rw = client.inspect_rw_lock(name).await?;
+    if info.is_none() && latch == 0 && semaphore.is_none() && fair.is_none() && rw.is_none() {
         if cli.json {
             out("null")?;
         }
         eprintln!(
             "relock: lock {name:?} is not held (and no latch of that name is counting, and there is \
-             no semaphore of that name)"
+             no semaphore, fair lock or read-write lock of that name)"
         );
         return Ok(NOT_FOUND);
     }
@@ -334,6 +434,12 @@ async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure>
         if let Some(semaphore) = &semaphore {
             object.push_str(&format!(",\"semaphore\":{}", semaphore_json(semaphore)));
         }
+        if let Some(fair) = &fair {
+            object.push_str(&format!(",\"fair_lock\":{}", fair_json(fair)));
+        }
+        if let Some(rw) = &rw {
+            object.push_str(&format!(",\"rw_lock\":{}", rw_json(rw)));
+        }
         object.push('}');
         out(&object)?;
         return Ok(OK);
@@ -347,6 +453,12 @@ async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure>
     }
     if let Some(semaphore) = &semaphore {
         parts.push(semaphore_detail(semaphore));
+    }
+    if let Some(fair) = &fair {
+        parts.push(fair_detail(fair));
+    }
+    if let Some(rw) = &rw {
+        parts.push(rw_detail(rw));
     }
     out(&parts.join("\n\n"))?;
     Ok(OK)
@@ -797,9 +909,7 @@ fn semaphore_json(info: &SemaphoreInfo) -> String {
                     .generation
                     .map_or_else(|| "null".to_string(), |g| g.to_string()),
                 holder.permits,
-                holder
-                    .ttl
-                    .map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
+                ttl_ms(holder.ttl),
             )
         })
         .collect();
@@ -811,6 +921,100 @@ fn semaphore_json(info: &SemaphoreInfo) -> String {
         info.available(),
         holders.join(","),
     )
+}
+
+fn fair_detail(info: &FairLockInfo) -> String {
+    let mut text = match &info.lock {
+        Some(lock) => format!("fair {}", detail(lock)),
+        None => format!("fair lock {}: not held", info.name),
+    };
+    for (place, waiter) in info.queue.iter().enumerate() {
+        text.push_str(&format!("\nqueued {} {}", place + 1, waiter_text(waiter)));
+    }
+    text
+}
+
+fn rw_detail(info: &RwLockInfo) -> String {
+    let mut text = match &info.writer {
+        Some(writer) => format!("read-write {}", detail(writer)),
+        None => format!("read-write lock {}: not written", info.name),
+    };
+    for reader in &info.readers {
+        let holder = &reader.holder;
+        text.push_str(&format!(
+            "\nreader client {} owner {} generation {} count {} ttl {}",
+            holder.client_id,
+            holder.owner,
+            holder.generation,
+            holder.count,
+            ttl_text(reader.ttl),
+        ));
+    }
+    for waiter in &info.waiting_writers {
+        text.push_str(&format!("\nwaiting writer {}", waiter_text(waiter)));
+    }
+    text
+}
+
+fn waiter_text(waiter: &Waiter) -> String {
+    format!(
+        "client {} owner {} ttl {}",
+        waiter.client_id,
+        waiter.owner,
+        ttl_text(waiter.ttl)
+    )
+}
+
+fn fair_json(info: &FairLockInfo) -> String {
+    format!(
+        "{{\"name\":{},\"lock\":{},\"queue\":{}}}",
+        json_str(&info.name),
+        info.lock.as_ref().map_or_else(|| "null".to_string(), info_json),
+        waiters_json(&info.queue),
+    )
+}
+
+fn rw_json(info: &RwLockInfo) -> String {
+    let readers: Vec<String> = info
+        .readers
+        .iter()
+        .map(|reader| {
+            let holder = holder_json(&reader.holder);
+            format!(
+                "{{\"key\":{},\"ttl_ms\":{},{}",
+                json_str(&reader.key),
+                ttl_ms(reader.ttl),
+                &holder[1..]
+            )
+        })
+        .collect();
+    format!(
+        "{{\"name\":{},\"writer\":{},\"readers\":[{}],\"waiting_writers\":{}}}",
+        json_str(&info.name),
+        info.writer.as_ref().map_or_else(|| "null".to_string(), info_json),
+        readers.join(","),
+        waiters_json(&info.waiting_writers),
+    )
+}
+
+fn waiters_json(waiters: &[Waiter]) -> String {
+    let items: Vec<String> = waiters
+        .iter()
+        .map(|waiter| {
+            format!(
+                "{{\"client_id\":{},\"owner\":{},\"ttl_ms\":{}}}",
+                json_str(&waiter.client_id),
+                json_str(&waiter.owner),
+                ttl_ms(waiter.ttl),
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// A lease left in JSON: milliseconds, or `null` for none.
+fn ttl_ms(ttl: Option<Duration>) -> String {
+    ttl.map_or_else(|| "null".to_string(), |t| t.as_millis().to_string())
 }
 
 fn holder_name(holder: &Holder) -> String {
@@ -853,8 +1057,7 @@ fn info_json(info: &LockInfo) -> String {
         json_str(&info.name),
         json_str(&info.key),
         info.hold_count(),
-        info.ttl
-            .map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
+        ttl_ms(info.ttl),
         info.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
         info.contended,
         holders.join(","),
