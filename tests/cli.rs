@@ -754,8 +754,8 @@ where
 }
 
 /// A fair lock's holder and its queue, in order: read by `inspect_fair_lock`, shown by `show`
-/// (also with `--json`), listed by `list --fair`; the queue moves on as the lock is handed down;
-/// a queue of another type exits 3.
+/// (also with `--json`), listed by `list --fair`; the queue moves on as the lock is handed down
+/// and when `unlock --fair` removes the holder; a queue of another type exits 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_describes_a_fair_lock_and_its_queue() {
     let server = RedisServer::start();
@@ -837,15 +837,26 @@ async fn show_describes_a_fair_lock_and_its_queue() {
     .expect("a fair lock");
     assert_eq!(info.lock.expect("held").holders[0].owner, queue[0].owner);
     assert_eq!(info.queue[0].owner, queue[1].owner);
-    first.release().await.expect("release");
-    waiters
-        .remove(0)
+
+    // `unlock --fair`: the holder goes (and learns it), the queued waiter gets its turn.
+    let refused = relock(&["--url", &url, "unlock", "--fair", &name], "n\n").await;
+    assert_eq!(code(&refused), Some(4), "{refused:?}");
+    assert!(first.is_held());
+    let unlocked = relock(&["--url", &url, "unlock", "--fair", "--yes", &name], "").await;
+    assert_eq!(code(&unlocked), Some(0), "{unlocked:?}");
+    assert!(
+        stdout(&unlocked).starts_with(&format!("removed:\nfair lock   {name}\n")),
+        "{unlocked:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), first.lost())
         .await
+        .expect("the holder learns it at its watchdog's next round");
+    let second = tokio::time::timeout(Duration::from_secs(5), waiters.remove(0))
+        .await
+        .expect("the queued waiter's turn")
         .unwrap()
-        .expect("the second waiter's turn")
-        .release()
-        .await
-        .expect("release");
+        .expect("acquired");
+    second.release().await.expect("release");
     assert_eq!(one.inspect_fair_lock(&name).await.expect("inspect"), None);
     let gone = relock(&["--url", &url, "show", &name], "").await;
     assert_eq!(code(&gone), Some(1), "{gone:?}");
@@ -863,7 +874,7 @@ async fn show_describes_a_fair_lock_and_its_queue() {
 
 /// A read-write lock's readers (each with its lease) and the writer waiting for them: read by
 /// `inspect_rw_lock`, shown by `show` (also with `--json`), listed by `list --rw`; then the writer
-/// that got it; a readers' set of another type exits 3.
+/// that got it, removed by `unlock --rw`; a readers' set of another type exits 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
     let server = RedisServer::start();
@@ -966,8 +977,21 @@ async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
         ),
         "{listed}"
     );
-    written.release().await.expect("release");
+    // `unlock --rw`: the writer goes, and learns it.
+    let unlocked = relock(&["--url", &url, "--json", "unlock", "--rw", "--yes", &name], "").await;
+    assert_eq!(code(&unlocked), Some(0), "{unlocked:?}");
+    assert!(
+        stdout(&unlocked).starts_with(&format!(
+            "{{\"removed\":true,\"rw_lock\":{{\"name\":\"{name}\",\"writer\":{{"
+        )),
+        "{unlocked:?}"
+    );
+    tokio::time::timeout(Duration::from_secs(5), written.lost())
+        .await
+        .expect("the writer learns it at its watchdog's next round");
     assert_eq!(one.inspect_rw_lock(&name).await.expect("inspect"), None);
+    let nothing = relock(&["--url", &url, "unlock", "--rw", "--yes", &name], "").await;
+    assert_eq!(code(&nothing), Some(1), "{nothing:?}");
 
     server.cmd(&["SET", "relock:{not-rw}:rw:readers", "x"]);
     assert!(matches!(

@@ -11,6 +11,7 @@
 //!                            (its holder and queue) and a read-write lock (its writer, each
 //!                            reader's hold and lease, the writers waiting)
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
+//!   --fair, --rw             the fair lock, or the read-write lock, of that name
 //! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
 //! ```
 //!
@@ -140,6 +141,14 @@ enum Command {
         /// Do not ask for confirmation.
         #[arg(long, short)]
         yes: bool,
+        /// The fair lock of that name: its holder goes, its waiters keep their places (and all
+        /// wake to try).
+        #[arg(long, conflicts_with = "rw")]
+        fair: bool,
+        /// The read-write lock of that name: its writer, every reader and every waiting writer's
+        /// record go.
+        #[arg(long)]
+        rw: bool,
     },
     /// Print acquire, re-enter, release and expire events of a lock until Ctrl-C. Uses keyspace
     /// notifications when the server has them on, else reads the lock every 200 ms.
@@ -240,7 +249,14 @@ async fn run(cli: Cli) -> u8 {
             }
         }
         Command::Show { name } => show(&client, &cli, name).await,
-        Command::Unlock { name, yes } => unlock(&client, &cli, name, *yes).await,
+        Command::Unlock { name, yes, fair, rw } => {
+            let kind = match (*fair, *rw) {
+                (true, _) => Kind::Fair,
+                (_, true) => Kind::Rw,
+                _ => Kind::Plain,
+            };
+            unlock(&client, &cli, name, kind, *yes).await
+        }
         Command::Watch {
             name,
             enable_notifications,
@@ -464,20 +480,71 @@ async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure>
     Ok(OK)
 }
 
-async fn unlock(client: &LockClient, cli: &Cli, name: &str, yes: bool) -> Result<u8, Failure> {
+/// Which lock of a name `unlock` removes.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Plain,
+    Fair,
+    Rw,
+}
+
+/// What `unlock` read before removing: how to ask, and what to print once removed.
+struct Target {
+    question: String,
+    detail: String,
+    json: String,
+}
+
+/// The lock `unlock` would remove, as read now; `None` if nobody holds it.
+async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Option<Target>, Failure> {
+    let owners = |info: &LockInfo| {
+        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+        format!("held by {} (count {})", owners.join(", "), info.hold_count())
+    };
+    Ok(match kind {
+        Kind::Plain => client.inspect(name).await?.map(|info| Target {
+            question: format!("Remove lock {name:?}, {}?", owners(&info)),
+            detail: detail(&info),
+            json: format!("\"lock\":{}", info_json(&info)),
+        }),
+        Kind::Fair => match client.inspect_fair_lock(name).await? {
+            Some(fair) => fair.lock.as_ref().map(|info| Target {
+                question: format!(
+                    "Remove fair lock {name:?}, {}? Its {} waiters keep their places.",
+                    owners(info),
+                    fair.queue.len()
+                ),
+                detail: fair_detail(&fair),
+                json: format!("\"fair_lock\":{}", fair_json(&fair)),
+            }),
+            None => None,
+        },
+        Kind::Rw => match client.inspect_rw_lock(name).await? {
+            Some(rw) if rw.writer.is_some() || !rw.readers.is_empty() => Some(Target {
+                question: format!(
+                    "Remove read-write lock {name:?}: {}, {} readers, {} waiting writers?",
+                    rw.writer
+                        .as_ref()
+                        .map_or_else(|| "no writer".to_string(), |w| format!("written, {}", owners(w))),
+                    rw.readers.len(),
+                    rw.waiting_writers.len()
+                ),
+                detail: rw_detail(&rw),
+                json: format!("\"rw_lock\":{}", rw_json(&rw)),
+            }),
+            _ => None,
+        },
+    })
+}
+
+async fn unlock(client: &LockClient, cli: &Cli, name: &str, kind: Kind, yes: bool) -> Result<u8, Failure> {
     // Read first, to say what goes (and to ask about something real).
-    let Some(info) = client.inspect(name).await? else {
+    let Some(target) = unlock_target(client, name, kind).await? else {
         eprintln!("relock: lock {name:?} is not held; nothing removed");
         return Ok(NOT_FOUND);
     };
     if !yes {
-        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
-        eprint!(
-            "Remove lock {:?}, held by {} (count {})? [y/N] ",
-            info.name,
-            owners.join(", "),
-            info.hold_count()
-        );
+        eprint!("{} [y/N] ", target.question);
         let _ = std::io::stderr().flush();
         let answer = tokio::task::spawn_blocking(|| {
             let mut line = String::new();
@@ -493,14 +560,15 @@ async fn unlock(client: &LockClient, cli: &Cli, name: &str, yes: bool) -> Result
             return Ok(REFUSED);
         }
     }
-    let removed = client.lock(name).force_unlock().await?;
+    let removed = match kind {
+        Kind::Plain => client.lock(name).force_unlock().await?,
+        Kind::Fair => client.fair_lock(name).force_unlock().await?,
+        Kind::Rw => client.rw_lock(name).force_unlock().await?,
+    };
     if cli.json {
-        out(&format!(
-            "{{\"removed\":{removed},\"lock\":{}}}",
-            info_json(&info)
-        ))?;
+        out(&format!("{{\"removed\":{removed},{}}}", target.json))?;
     } else if removed {
-        out(&format!("removed:\n{}", detail(&info)))?;
+        out(&format!("removed:\n{}", target.detail))?;
     }
     if !removed {
         eprintln!("relock: lock {name:?} was released meanwhile; nothing removed");
