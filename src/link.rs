@@ -168,9 +168,13 @@ impl NodeClient {
             .into_iter()
             .zip(wait_of)
             .map(|(value, wait)| {
+                // The call's own error first: a call that found its slot moved (`MOVED`: it did
+                // not run, and is made again) must not read as its `WAIT`'s error, which a node
+                // that turned replica gives.
+                let value = value?;
                 let acked = acks[wait].clone()?;
                 Ok(Reply {
-                    value: value?,
+                    value,
                     acked: Some(acked.max(0) as usize),
                 })
             })

@@ -1,5 +1,6 @@
 //! Beyond one server: locks on a Redis Cluster (spread over every primary, woken by sharded
-//! release messages, surviving a resharding move and a failover), writes synced to replicas
+//! release messages, surviving a resharding move and a failover, released right after a manual
+//! failover by a client that had not seen it), writes synced to replicas
 //! (`sync_replicas`), and a Sentinel-managed primary. Real servers, faulted for real.
 
 mod support;
@@ -555,4 +556,49 @@ async fn cluster_watchdog_keeps_locks_on_thousands_of_slots() {
     assert_eq!(held, guards.len(), "leases ran out under the watchdog");
     drop(guards);
     client.shutdown().await;
+}
+
+/// A release right after a manual failover of its slot (`CLUSTER FAILOVER`: the replica takes over,
+/// the old primary turns replica, no connection drops), by a client whose slot map still names the
+/// old primary: the release call answers `MOVED` there and is made again on the new primary; the
+/// `WAIT` sent to the old node fails (a replica refuses `WAIT`), and that must not be read as the
+/// release's outcome (it was, until 2026-11-27: the release failed and the lock stayed its lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_release_right_after_a_manual_failover_is_made_on_the_new_primary() {
+    let cluster = start_cluster(3, 1).await;
+    let lease = Duration::from_secs(30);
+    let synced = config(lease)
+        .sync_replicas(1)
+        .sync_timeout(Duration::from_secs(1));
+    let a = LockClient::connect_with(&cluster.url(), synced.clone())
+        .await
+        .unwrap();
+    let name = unique_name("manual-failover");
+    let key = lock_key(&name);
+    let held = a.lock(&name).acquire().await.unwrap();
+    let slot = cluster.slot(&key);
+    let cluster = tokio::task::spawn_blocking(move || {
+        let old = cluster.primary_of_slot(slot).port();
+        let replica = cluster.replicas_of(cluster.primary_of_slot(slot))[0];
+        replica.cmd(&["CLUSTER", "FAILOVER"]);
+        cluster.wait_until(Duration::from_secs(30), "switched", |c| {
+            c.settled() && c.primary_of_slot(slot).port() != old
+        });
+        cluster
+    })
+    .await
+    .unwrap();
+    held.release().await.expect("released on the new primary");
+    let primary = cluster.primary_of_slot(slot);
+    assert!(!primary.exists(&key), "the lock is still on the new primary");
+    let b = LockClient::connect_with(&cluster.url(), synced).await.unwrap();
+    let next = b
+        .lock(&name)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    next.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
 }

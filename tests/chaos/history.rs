@@ -267,6 +267,9 @@ pub struct Harness {
     /// Windows `[from, to]` after faults that the guarantees do not cover (a Redis that lost its
     /// data): overlaps that begin inside one are counted apart.
     pub unprotected: Vec<(u64, u64)>,
+    /// Windows after failovers that the locks' synced writes survive and the semaphore's and the
+    /// latch's writes (which wait for no replica) may not: counted apart by those two checks only.
+    pub unsynced: Vec<(u64, u64)>,
     /// When the workers were told to stop (sections still open end here).
     pub end: u64,
     pub initial_stock: i64,
@@ -282,6 +285,8 @@ pub struct Harness {
     /// Every fault the nemesis injected, `[from, to]`: from its start until it was healed (a
     /// crashed holder: until it was killed, or woken). The fair lock's order is judged outside them.
     pub faults: Vec<(u64, u64)>,
+    /// Every fault injected, by the time it began and its name: what a finding's report lists.
+    pub fault_names: Vec<(u64, &'static str)>,
 }
 
 impl Harness {
@@ -290,6 +295,24 @@ impl Harness {
         self.unprotected
             .iter()
             .any(|(from, to)| (*from..=*to).contains(&t))
+    }
+
+    /// The faults that began in `[from, to]`, one per item: its name and when it began, in ms from
+    /// `origin`.
+    pub fn faults_between(&self, from: u64, to: u64, origin: u64) -> String {
+        let faults: Vec<String> = self
+            .fault_names
+            .iter()
+            .filter(|(t, _)| (from..=to).contains(t))
+            .map(|(t, name)| format!("{name} at {:+} ms", (*t as i64 - origin as i64) / 1_000_000))
+            .collect();
+        faults.join(", ")
+    }
+
+    /// The windows after faults that writes waiting for no replica may not survive: the
+    /// unprotected ones and the unsynced ones.
+    pub fn unsynced_windows(&self) -> impl Iterator<Item = &(u64, u64)> {
+        self.unprotected.iter().chain(&self.unsynced)
     }
 }
 
@@ -308,6 +331,9 @@ pub struct Section {
     pub end: u64,
     /// The last moment the library still called the lease valid.
     pub valid_end: u64,
+    /// Its release failed (a timeout, a dropped connection): the hold may have stayed in Redis
+    /// until its lease ran out.
+    pub release_failed: bool,
     /// The fenced reads (false) and writes (true), in order.
     ops: Vec<(bool, Store)>,
 }
@@ -455,6 +481,8 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
     };
     let mut open: HashMap<(u32, u32), Section> = HashMap::new();
     let mut done = Vec::new();
+    // Per task, its section that a release closed last (the release's outcome comes after).
+    let mut released: HashMap<(u32, u32), usize> = HashMap::new();
     let close = |mut s: Section, end: u64, done: &mut Vec<Section>| {
         s.end = end.max(s.start);
         s.valid_end = s.valid_end.min(s.end);
@@ -497,6 +525,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                         start: ev.t,
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
+                        release_failed: false,
                         ops: Vec::new(),
                     },
                 );
@@ -539,7 +568,13 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
             }
             Kind::Releasing | Kind::Release(_) => {
                 if let Some(s) = open.remove(&key) {
+                    released.insert(key, done.len());
                     close(s, ev.t, &mut done);
+                }
+                if let Kind::Release(outcome) = &ev.kind {
+                    if let Some(&i) = released.get(&key) {
+                        done[i].release_failed = outcome.starts_with("err");
+                    }
                 }
             }
         }

@@ -397,3 +397,14 @@ async fn chaos_rw_multilock_five_masters() {
     let report = run_workloads(Topology::Multi, &[Workload::Rw], 10).await;
     assert_eq!(report.rw.write_overlaps_unprotected, 0);
 }
+
+/// The same four on a cluster whose primaries have synced replicas: primaries killed (their
+/// replicas take over) and paused, slots moved under the keys, holders killed and stopped; the
+/// waiters' messages go by sharded pub/sub. Not in `cargo test` (about 45 s more, most of it the
+/// cluster's start): `cargo test --test chaos -- --ignored chaos_family_cluster`, its length set
+/// by `RELOCK_CHAOS_SECS` (30 s unless set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long mode: cargo test --test chaos -- --ignored chaos_family_cluster"]
+async fn chaos_family_cluster() {
+    run_workloads(Topology::Cluster, FAMILY, 30).await;
+}

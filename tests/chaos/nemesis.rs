@@ -132,6 +132,7 @@ impl Nemesis {
             }
             let from = now_ns();
             if self.inject(fault, cluster, harness).await {
+                harness.fault_names.push((from, fault.name()));
                 // A crashed holder's window was recorded before the quiet time that follows it.
                 if !matches!(fault, Fault::KillHolder | Fault::StopHolder) {
                     harness.faults.push((from, now_ns()));
@@ -174,12 +175,15 @@ impl Nemesis {
                 };
                 let primaries = redis.primaries();
                 let victim = primaries[self.rng.below(primaries.len() as u64) as usize];
+                let t = now_ns();
                 victim.pause();
                 tokio::time::sleep(pause).await;
                 victim.resume();
                 tokio::task::block_in_place(|| {
                     redis.wait_until(Duration::from_secs(30), "settled after a pause", |c| c.settled())
                 });
+                // Its replica may have taken over.
+                unsynced(harness, t, lease);
             }
             Fault::PauseServers => {
                 let victims = self.minority(cluster);
@@ -287,10 +291,12 @@ impl Nemesis {
             }
             Fault::Failover if cluster.topology == Topology::Cluster => {
                 let slot = self.held_slot(cluster);
+                let t = now_ns();
                 let Some(redis) = cluster.redis_cluster.as_mut() else {
                     return false;
                 };
                 tokio::task::block_in_place(|| redis.fail_over_and_rejoin(slot));
+                unsynced(harness, t, lease);
             }
             Fault::Reshard => {
                 let slot = self.held_slot(cluster);
@@ -457,4 +463,12 @@ async fn blocking_restart(cluster: &mut Cluster, i: usize) {
 
 fn nanos(d: Duration) -> u64 {
     d.as_nanos() as u64
+}
+
+/// Records the window after a failover from `t`: a replica took over with what it had received, all
+/// the locks' synced writes but maybe not the semaphore's and the latch's (see `Harness::unsynced`).
+fn unsynced(harness: &mut Harness, t: u64, lease: Duration) {
+    harness
+        .unsynced
+        .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
 }

@@ -451,7 +451,8 @@ fn attempts(events: &[Event]) -> Vec<Attempt> {
 }
 
 /// Waits that timed out although their lock stood free (no section of it open, none of a killed
-/// holder within a lease of its death) for at least [`STUCK_FREE`] inside the wait,
+/// holder within a lease of its death, none whose release failed within a lease of that release)
+/// for at least [`STUCK_FREE`] inside the wait,
 /// with no fault in or within [`FAULT_SETTLE`] before that stretch: a waiter nobody woke. A
 /// liveness finding, counted but not a violation. Returns (reads, exclusive) stuck.
 fn stuck_waits(
@@ -481,7 +482,8 @@ fn stuck_waits(
             .iter()
             .filter(|s| s.item == a.item && s.start < ended)
             .map(|s| {
-                let end = if killed(s.worker, s.end) {
+                // A killed holder's hold, and one whose release failed, may stay a lease.
+                let end = if killed(s.worker, s.end) || s.release_failed {
                     s.end + lease
                 } else {
                     s.end
@@ -516,13 +518,14 @@ fn stuck_waits(
         }
         report.example(format!(
             "{what} {}: worker {}'s {} wait timed out {} ms after it was sent, though the lock stood free \
-             from +{} ms for {} ms",
+             from +{} ms for {} ms; faults from 5 s before: [{}]",
             a.item,
             a.worker,
             if a.shared { "read" } else { "exclusive" },
             (ended - a.sent) / 1_000_000,
             (from - a.sent) / 1_000_000,
             longest / 1_000_000,
+            harness.faults_between(a.sent.saturating_sub(5_000_000_000), ended, a.sent),
         ));
     }
     (reads, exclusive)
@@ -747,6 +750,18 @@ mod tests {
             ..Harness::default()
         };
         let report = crate::history::check(&history(1000 * MS), &faulted);
+        assert_eq!(report.rw.rw_stuck_reads, 0, "{report}");
+        // So does a release that failed: the hold may stay its lease (2 s here), until 3000 ms.
+        let leased = Harness {
+            end: 10_000 * MS,
+            liveness_ns: 3000 * MS,
+            ..Harness::default()
+        };
+        let report = crate::history::check(&history(1000 * MS), &leased);
+        assert_eq!(report.rw.rw_stuck_reads, 1, "{report}");
+        let mut failed = history(1000 * MS);
+        failed[2] = ev(1, On::Rw, 1000 * MS, Kind::Release("err:timeout".into()));
+        let report = crate::history::check(&failed, &leased);
         assert_eq!(report.rw.rw_stuck_reads, 0, "{report}");
     }
 
