@@ -850,10 +850,7 @@ fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<Lookup<Semap
 }
 
 fn malformed(what: &str, reply: &Value) -> Error {
-    Error::Redis(fred::error::Error::new(
-        fred::error::ErrorKind::Parse,
-        format!("unexpected reply to the {what}: {reply:?}"),
-    ))
+    Error::unexpected_reply(&format!("the {what}"), reply)
 }
 
 #[cfg(test)]
