@@ -275,149 +275,110 @@ async fn run(cli: Cli) -> u8 {
     }
 }
 
-async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
-    let locks = client.held_locks(pattern).await?;
+/// What `list` prints: one JSON array (`json` per item), or a table under `header`, a row per item
+/// that `row` gives one for (a message on stderr when there is none).
+fn print_list<T>(
+    cli: &Cli,
+    items: &[T],
+    json: impl Fn(&T) -> String,
+    header: [&str; 5],
+    row: impl Fn(&T) -> Option<[String; 5]>,
+    empty: &str,
+) -> Result<u8, Failure> {
     if cli.json {
-        let items: Vec<String> = locks.iter().map(info_json).collect();
+        let items: Vec<String> = items.iter().map(json).collect();
         out(&format!("[{}]", items.join(",")))?;
         return Ok(OK);
     }
-    if locks.is_empty() {
-        eprintln!("relock: no locks held");
+    if items.is_empty() {
+        eprintln!("relock: {empty}");
         return Ok(OK);
     }
-    let mut rows = vec![[
-        "NAME".to_string(),
-        "OWNER".to_string(),
-        "HOLDS".to_string(),
-        "TTL".to_string(),
-        "FENCE".to_string(),
-    ]];
-    for info in &locks {
-        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
-        rows.push([
-            info.name.clone(),
-            owners.join(","),
-            info.hold_count().to_string(),
-            ttl_text(info.ttl),
-            info.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
-        ]);
-    }
+    let mut rows = vec![header.map(String::from)];
+    rows.extend(items.iter().filter_map(row));
     out(&table(&rows))?;
     Ok(OK)
 }
 
+async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
+    let locks = client.held_locks(pattern).await?;
+    let row = |info: &LockInfo| {
+        Some([
+            info.name.clone(),
+            owners(info),
+            info.hold_count().to_string(),
+            ttl_text(info.ttl),
+            info.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
+        ])
+    };
+    let header = ["NAME", "OWNER", "HOLDS", "TTL", "FENCE"];
+    print_list(cli, &locks, info_json, header, row, "no locks held")
+}
+
 async fn list_semaphores(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
     let semaphores = client.held_semaphores(pattern).await?;
-    if cli.json {
-        let items: Vec<String> = semaphores
-            .iter()
-            .map(|info| {
-                let body = semaphore_json(info);
-                format!("{{\"name\":{},{}", json_str(&info.name), &body[1..])
-            })
-            .collect();
-        out(&format!("[{}]", items.join(",")))?;
-        return Ok(OK);
-    }
-    if semaphores.is_empty() {
-        eprintln!("relock: no semaphore permits held");
-        return Ok(OK);
-    }
-    let mut rows = vec![[
-        "NAME".to_string(),
-        "PERMITS".to_string(),
-        "HELD".to_string(),
-        "FREE".to_string(),
-        "HOLDERS".to_string(),
-    ]];
-    for info in &semaphores {
+    let json = |info: &SemaphoreInfo| {
+        let body = semaphore_json(info);
+        format!("{{\"name\":{},{}", json_str(&info.name), &body[1..])
+    };
+    let row = |info: &SemaphoreInfo| {
         let holders: Vec<String> = info
             .holders
             .iter()
             .map(|h| format!("{}:{}={}", h.client_id, h.owner, h.permits))
             .collect();
-        rows.push([
+        Some([
             info.name.clone(),
             info.permits.to_string(),
             info.held().to_string(),
             info.available().to_string(),
             holders.join(","),
-        ]);
-    }
-    out(&table(&rows))?;
-    Ok(OK)
+        ])
+    };
+    let header = ["NAME", "PERMITS", "HELD", "FREE", "HOLDERS"];
+    print_list(cli, &semaphores, json, header, row, "no semaphore permits held")
 }
 
 async fn list_fair(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
     let locks = client.held_fair_locks(pattern).await?;
-    if cli.json {
-        let items: Vec<String> = locks.iter().map(fair_json).collect();
-        out(&format!("[{}]", items.join(",")))?;
-        return Ok(OK);
-    }
-    if locks.is_empty() {
-        eprintln!("relock: no fair locks held");
-        return Ok(OK);
-    }
-    let mut rows = vec![[
-        "NAME".to_string(),
-        "OWNER".to_string(),
-        "HOLDS".to_string(),
-        "TTL".to_string(),
-        "QUEUED".to_string(),
-    ]];
-    for fair in &locks {
-        let Some(info) = &fair.lock else { continue };
-        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
-        rows.push([
+    let row = |fair: &FairLockInfo| {
+        let info = fair.lock.as_ref()?;
+        Some([
             fair.name.clone(),
-            owners.join(","),
+            owners(info),
             info.hold_count().to_string(),
             ttl_text(info.ttl),
             fair.queue.len().to_string(),
-        ]);
-    }
-    out(&table(&rows))?;
-    Ok(OK)
+        ])
+    };
+    let header = ["NAME", "OWNER", "HOLDS", "TTL", "QUEUED"];
+    print_list(cli, &locks, fair_json, header, row, "no fair locks held")
 }
 
 async fn list_rw(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
     let locks = client.held_rw_locks(pattern).await?;
-    if cli.json {
-        let items: Vec<String> = locks.iter().map(rw_json).collect();
-        out(&format!("[{}]", items.join(",")))?;
-        return Ok(OK);
-    }
-    if locks.is_empty() {
-        eprintln!("relock: no read-write locks written or read");
-        return Ok(OK);
-    }
-    let mut rows = vec![[
-        "NAME".to_string(),
-        "WRITER".to_string(),
-        "READERS".to_string(),
-        "WAITING".to_string(),
-        "TTL".to_string(),
-    ]];
-    for info in &locks {
+    let row = |info: &RwLockInfo| {
         let (writer, ttl) = match &info.writer {
-            Some(writer) => {
-                let owners: Vec<String> = writer.holders.iter().map(holder_name).collect();
-                (owners.join(","), ttl_text(writer.ttl))
-            }
+            Some(writer) => (owners(writer), ttl_text(writer.ttl)),
             None => ("-".to_string(), "-".to_string()),
         };
-        rows.push([
+        Some([
             info.name.clone(),
             writer,
             info.readers.len().to_string(),
             info.waiting_writers.len().to_string(),
             ttl,
-        ]);
-    }
-    out(&table(&rows))?;
-    Ok(OK)
+        ])
+    };
+    let header = ["NAME", "WRITER", "READERS", "WAITING", "TTL"];
+    print_list(
+        cli,
+        &locks,
+        rw_json,
+        header,
+        row,
+        "no read-write locks written or read",
+    )
 }
 
 async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure> {
@@ -497,13 +458,10 @@ struct Target {
 
 /// The lock `unlock` would remove, as read now; `None` if nobody holds it.
 async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Option<Target>, Failure> {
-    let owners = |info: &LockInfo| {
-        let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
-        format!("held by {} (count {})", owners.join(", "), info.hold_count())
-    };
+    let held_by = |info: &LockInfo| format!("held by {} (count {})", owners(info), info.hold_count());
     Ok(match kind {
         Kind::Plain => client.inspect(name).await?.map(|info| Target {
-            question: format!("Remove lock {name:?}, {}?", owners(&info)),
+            question: format!("Remove lock {name:?}, {}?", held_by(&info)),
             detail: detail(&info),
             json: format!("\"lock\":{}", info_json(&info)),
         }),
@@ -511,7 +469,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
             Some(fair) => fair.lock.as_ref().map(|info| Target {
                 question: format!(
                     "Remove fair lock {name:?}, {}? Its {} waiters keep their places.",
-                    owners(info),
+                    held_by(info),
                     fair.queue.len()
                 ),
                 detail: fair_detail(&fair),
@@ -525,7 +483,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
                     "Remove read-write lock {name:?}: {}, {} readers, {} waiting writers?",
                     rw.writer
                         .as_ref()
-                        .map_or_else(|| "no writer".to_string(), |w| format!("written, {}", owners(w))),
+                        .map_or_else(|| "no writer".to_string(), |w| format!("written, {}", held_by(w))),
                     rw.readers.len(),
                     rw.waiting_writers.len()
                 ),
@@ -1083,6 +1041,12 @@ fn waiters_json(waiters: &[Waiter]) -> String {
 /// A lease left in JSON: milliseconds, or `null` for none.
 fn ttl_ms(ttl: Option<Duration>) -> String {
     ttl.map_or_else(|| "null".to_string(), |t| t.as_millis().to_string())
+}
+
+/// A lock's holders, `client:owner` each, comma-separated.
+fn owners(info: &LockInfo) -> String {
+    let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+    owners.join(",")
 }
 
 fn holder_name(holder: &Holder) -> String {
