@@ -25,6 +25,17 @@ fn config(lease: Duration) -> LockConfig {
         .command_timeout(Duration::from_secs(2))
 }
 
+/// `client` is granted the lock `name` at once (it is free after a release), and gives it back.
+async fn free_to(client: &LockClient, name: &str) {
+    let guard = client
+        .lock(name)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("free after the release");
+    guard.release().await.unwrap();
+}
+
 /// 120 locks whose names land on all three primaries: one client holds them all, the other is
 /// excluded from each, the watchdog keeps them past two leases, and the releases leave nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,13 +286,7 @@ async fn cluster_failover_with_synced_replicas_keeps_the_lock() {
         .unwrap();
     assert!(ttl > 0, "pttl {ttl}");
     held.release().await.unwrap();
-    let next = b
-        .lock(&name)
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("free after the release");
-    next.release().await.unwrap();
+    free_to(&b, &name).await;
     a.shutdown().await;
     b.shutdown().await;
 }
@@ -592,13 +597,7 @@ async fn cluster_release_right_after_a_manual_failover_is_made_on_the_new_primar
     let primary = cluster.primary_of_slot(slot);
     assert!(!primary.exists(&key), "the lock is still on the new primary");
     let b = LockClient::connect_with(&cluster.url(), synced).await.unwrap();
-    let next = b
-        .lock(&name)
-        .try_acquire()
-        .await
-        .unwrap()
-        .expect("free after the release");
-    next.release().await.unwrap();
+    free_to(&b, &name).await;
     a.shutdown().await;
     b.shutdown().await;
 }
