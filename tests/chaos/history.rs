@@ -285,8 +285,8 @@ pub struct Harness {
     /// Every fault the nemesis injected, `[from, to]`: from its start until it was healed (a
     /// crashed holder: until it was killed, or woken). The fair lock's order is judged outside them.
     pub faults: Vec<(u64, u64)>,
-    /// Every fault injected, by the time it began and its name: what a finding's report lists.
-    pub fault_names: Vec<(u64, &'static str)>,
+    /// Every fault injected: its window (as in `faults`) and its name, what a finding's report lists.
+    pub fault_names: Vec<(u64, u64, &'static str)>,
 }
 
 impl Harness {
@@ -297,14 +297,15 @@ impl Harness {
             .any(|(from, to)| (*from..=*to).contains(&t))
     }
 
-    /// The faults that began in `[from, to]`, one per item: its name and when it began, in ms from
+    /// The faults that began in `[from, to]`, one per item: its name and its window, in ms from
     /// `origin`.
     pub fn faults_between(&self, from: u64, to: u64, origin: u64) -> String {
+        let ms = |t: u64| (t as i64 - origin as i64) / 1_000_000;
         let faults: Vec<String> = self
             .fault_names
             .iter()
-            .filter(|(t, _)| (from..=to).contains(t))
-            .map(|(t, name)| format!("{name} at {:+} ms", (*t as i64 - origin as i64) / 1_000_000))
+            .filter(|(start, _, _)| (from..=to).contains(start))
+            .map(|&(start, end, name)| format!("{name} {:+}..{:+} ms", ms(start), ms(end)))
             .collect();
         faults.join(", ")
     }

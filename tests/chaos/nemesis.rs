@@ -132,10 +132,12 @@ impl Nemesis {
             }
             let from = now_ns();
             if self.inject(fault, cluster, harness).await {
-                harness.fault_names.push((from, fault.name()));
                 // A crashed holder's window was recorded before the quiet time that follows it.
                 if !matches!(fault, Fault::KillHolder | Fault::StopHolder) {
                     harness.faults.push((from, now_ns()));
+                }
+                if let Some(&(from, to)) = harness.faults.last() {
+                    harness.fault_names.push((from, to, fault.name()));
                 }
                 *self.injected.entry(fault).or_default() += 1;
                 self.opening.clear();
