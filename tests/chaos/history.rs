@@ -381,6 +381,9 @@ pub struct Report {
     /// (h), (i) the read-write lock's and the fair lock's checks.
     pub rw: crate::rw::RwReport,
     pub examples: Vec<String>,
+    /// Liveness findings (not violations), listed after the examples: kept apart so that they never
+    /// crowd a violation's example out.
+    pub findings: Vec<String>,
 }
 
 impl Report {
@@ -399,6 +402,13 @@ impl Report {
     pub fn example(&mut self, what: String) {
         if self.examples.len() < 10 {
             self.examples.push(what);
+        }
+    }
+
+    /// A liveness finding (see [`findings`](Report::findings)), the first 5 kept.
+    pub fn finding(&mut self, what: String) {
+        if self.findings.len() < 5 {
+            self.findings.push(what);
         }
     }
 }

@@ -271,7 +271,7 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
         faults.join(", ")
     );
     println!("{summary}");
-    for example in &report.examples {
+    for example in report.examples.iter().chain(&report.findings) {
         println!("  {example}");
     }
     println!("  history: {}", dir.join("history.log").display());

@@ -31,6 +31,10 @@ pub enum Fault {
     Failover,
     /// Cluster: the slot of a held lock moves to another primary (`SETSLOT` + `MIGRATE`).
     Reshard,
+    /// Cluster: a primary replaced without the nemesis (a replica took over on its own: the
+    /// loaded machine starved its primary past the node timeout). Noticed between faults, never
+    /// injected: its window runs from the last look that found the primaries as they were.
+    UnplannedFailover,
 }
 
 impl Fault {
@@ -46,6 +50,7 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::Failover => "failover",
             Fault::Reshard => "reshard",
+            Fault::UnplannedFailover => "unplanned-failover",
         }
     }
 
@@ -105,6 +110,7 @@ impl Nemesis {
     /// needs in `harness`.
     pub async fn run(&mut self, cluster: &mut Cluster, harness: &mut Harness, until: u64) {
         let mut healed = now_ns();
+        let mut primaries = primary_ports(cluster);
         // Every run must see a holder crash: one whose schedule drew none by half its fault window
         // draws from the holder faults from then on (earlier draws, and so every schedule that had
         // one by then, stay as their seeds replay them).
@@ -119,6 +125,7 @@ impl Nemesis {
                 .rng
                 .between(Duration::from_millis(200), Duration::from_millis(800));
             tokio::time::sleep(gap).await;
+            self.notice_unplanned(cluster, harness, &primaries, healed);
             let menu = if self.opening.is_empty() {
                 Fault::menu(cluster.topology)
             } else {
@@ -131,6 +138,7 @@ impl Nemesis {
                 recovered(cluster, healed, Duration::from_secs(20)).await;
             }
             let from = now_ns();
+            let before = primary_ports(cluster);
             if self.inject(fault, cluster, harness).await {
                 // A crashed holder's window was recorded before the quiet time that follows it.
                 if !matches!(fault, Fault::KillHolder | Fault::StopHolder) {
@@ -142,8 +150,35 @@ impl Nemesis {
                 *self.injected.entry(fault).or_default() += 1;
                 self.opening.clear();
             }
+            // Only a failover or a pause may change the primaries; under any other fault (a
+            // crashed holder's quiet time lasts seconds) a change was unplanned.
+            if !matches!(fault, Fault::Failover | Fault::PauseServers) {
+                self.notice_unplanned(cluster, harness, &before, from);
+            }
             healed = now_ns();
+            primaries = primary_ports(cluster);
         }
+    }
+
+    /// Records an unplanned failover since `since` if the cluster's primaries are no longer
+    /// `expected` (see [`Fault::UnplannedFailover`]).
+    fn notice_unplanned(
+        &mut self,
+        cluster: &Cluster,
+        harness: &mut Harness,
+        expected: &Option<Vec<i64>>,
+        since: u64,
+    ) {
+        if primary_ports(cluster) == *expected {
+            return;
+        }
+        let t = now_ns();
+        harness.faults.push((since, t));
+        harness
+            .fault_names
+            .push((since, t, Fault::UnplannedFailover.name()));
+        unsynced(harness, since, self.lease);
+        *self.injected.entry(Fault::UnplannedFailover).or_default() += 1;
     }
 
     /// Returns false when the fault had no target (no worker held a lock just then).
@@ -151,6 +186,8 @@ impl Nemesis {
         let lease = self.lease;
         let slots = cluster.workers.len();
         match fault {
+            // Noticed, never injected (see `run`).
+            Fault::UnplannedFailover => return false,
             Fault::RestartServers => {
                 let victims = self.minority(cluster);
                 let t = now_ns();
@@ -473,4 +510,10 @@ fn unsynced(harness: &mut Harness, t: u64, lease: Duration) {
     harness
         .unsynced
         .push((t, now_ns() + nanos(lease + Duration::from_secs(1))));
+}
+
+/// The ports of the primaries that serve slots, on a cluster (`None` elsewhere).
+fn primary_ports(cluster: &Cluster) -> Option<Vec<i64>> {
+    let redis = cluster.redis_cluster.as_ref()?;
+    Some(tokio::task::block_in_place(|| redis.primary_ports()))
 }

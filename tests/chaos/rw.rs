@@ -516,7 +516,7 @@ fn stuck_waits(
         } else {
             exclusive += 1;
         }
-        report.example(format!(
+        report.finding(format!(
             "{what} {}: worker {}'s {} wait timed out {} ms after it was sent, though the lock stood free \
              from +{} ms for {} ms; faults from 5 s before: [{}]",
             a.item,

@@ -2,6 +2,7 @@
 //! over throwaway servers), primaries with replicas, and Sentinel groups. Every process is a
 //! [`RedisServer`] or tied the same way (see [`spawn_tied`]), so nothing outlives the test.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -129,6 +130,17 @@ impl RedisCluster {
             .collect();
         out.sort();
         out
+    }
+
+    /// The ports of the primaries that serve slots, sorted (as the first live node sees it).
+    pub fn primary_ports(&self) -> Vec<i64> {
+        let map = self
+            .live()
+            .next()
+            .map(|n| self.slot_map_of(n))
+            .unwrap_or_default();
+        let ports: BTreeSet<i64> = map.into_iter().map(|(_, _, port)| port).collect();
+        ports.into_iter().collect()
     }
 
     /// The slot of `key`.
