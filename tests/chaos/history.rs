@@ -283,9 +283,11 @@ pub struct Harness {
     /// had passed (a crashed holder's permits must be back by then).
     pub permits_at_end: BTreeMap<u32, u64>,
     /// Every fault the nemesis injected, `[from, to]`: from its start until it was healed (a
-    /// crashed holder: until it was killed, or woken). The fair lock's order is judged outside them.
+    /// crashed holder: until it was killed, or woken); and every unplanned failover it noticed.
+    /// The fair lock's order is judged outside them.
     pub faults: Vec<(u64, u64)>,
-    /// Every fault injected: its window (as in `faults`) and its name, what a finding's report lists.
+    /// Every fault, injected or noticed: its window (as in `faults`) and its name, what a finding's
+    /// report lists.
     pub fault_names: Vec<(u64, u64, &'static str)>,
 }
 

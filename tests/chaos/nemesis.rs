@@ -32,8 +32,9 @@ pub enum Fault {
     /// Cluster: the slot of a held lock moves to another primary (`SETSLOT` + `MIGRATE`).
     Reshard,
     /// Cluster: a primary replaced without the nemesis (a replica took over on its own: the
-    /// loaded machine starved its primary past the node timeout). Noticed between faults, never
-    /// injected: its window runs from the last look that found the primaries as they were.
+    /// loaded machine starved its primary past the node timeout). Never injected: noticed before
+    /// each fault and after each one that should not move the primaries, its window running from
+    /// the last look that found them as they were.
     UnplannedFailover,
 }
 
