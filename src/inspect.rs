@@ -161,6 +161,14 @@ pub struct RwLockInfo {
     pub waiting_writers: Vec<Waiter>,
 }
 
+impl RwLockInfo {
+    /// Whether it is written or read: a writer, or at least one live reader (writers that only
+    /// wait do not hold it).
+    pub fn is_held(&self) -> bool {
+        self.writer.is_some() || !self.readers.is_empty()
+    }
+}
+
 /// One reader's hold of a read-write lock: a key of its own, whose TTL is its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -401,7 +409,7 @@ impl LockClient {
         read_all(names, |name| async move {
             let keys = RwKeys::new(prefix, &name);
             Ok(match read_rw(node, &keys).await? {
-                Lookup::Found(info) if info.writer.is_some() || !info.readers.is_empty() => Some(info),
+                Lookup::Found(info) if info.is_held() => Some(info),
                 _ => None,
             })
         })

@@ -478,7 +478,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
             None => None,
         },
         Kind::Rw => match client.inspect_rw_lock(name).await? {
-            Some(rw) if rw.writer.is_some() || !rw.readers.is_empty() => Some(Target {
+            Some(rw) if rw.is_held() => Some(Target {
                 question: format!(
                     "Remove read-write lock {name:?}: {}, {} readers, {} waiting writers?",
                     rw.writer
@@ -889,10 +889,7 @@ fn detail(info: &LockInfo) -> String {
         info.fence.map_or_else(|| "-".to_string(), |f| f.to_string()),
     );
     for holder in &info.holders {
-        text.push_str(&format!(
-            "\nholder client {} owner {} generation {} count {}",
-            holder.client_id, holder.owner, holder.generation, holder.count
-        ));
+        text.push_str(&format!("\nholder {}", holder_text(holder)));
     }
     text
 }
@@ -966,14 +963,10 @@ fn rw_detail(info: &RwLockInfo) -> String {
         None => format!("read-write lock {}: not written", info.name),
     };
     for reader in &info.readers {
-        let holder = &reader.holder;
         text.push_str(&format!(
-            "\nreader client {} owner {} generation {} count {} ttl {}",
-            holder.client_id,
-            holder.owner,
-            holder.generation,
-            holder.count,
-            ttl_text(reader.ttl),
+            "\nreader {} ttl {}",
+            holder_text(&reader.holder),
+            ttl_text(reader.ttl)
         ));
     }
     for waiter in &info.waiting_writers {
@@ -1047,6 +1040,14 @@ fn ttl_ms(ttl: Option<Duration>) -> String {
 fn owners(info: &LockInfo) -> String {
     let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
     owners.join(",")
+}
+
+/// A hold as `show` prints it: `client … owner … generation … count …`.
+fn holder_text(holder: &Holder) -> String {
+    format!(
+        "client {} owner {} generation {} count {}",
+        holder.client_id, holder.owner, holder.generation, holder.count
+    )
 }
 
 fn holder_name(holder: &Holder) -> String {
