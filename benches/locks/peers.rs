@@ -108,6 +108,73 @@ impl Contender for FredSetNx {
     }
 }
 
+/// relock's own commands through its driver with nothing of relock between: an `FCALL` of relock's
+/// function as a lone fresh acquisition sends it (`A`, owner, lease; the lock and fence keys) and
+/// the `HDEL` of the hold and its mark that a lone full release sends, through one fred client. Not
+/// a peer: the server runs exactly what relock's single operations make it run, and the client
+/// only fred's work, so its cycles are the most relock's design can make of fred here (relock
+/// coalesces operations under load, which this does not).
+pub struct FredRelockCommands {
+    pub client: fred::clients::Client,
+    /// relock's function, as loaded on the server (see [`relock_function`]).
+    pub function: Arc<str>,
+    pub lock: String,
+    pub fence: String,
+}
+
+/// The owner id of [`FredRelockCommands`]: relock's form, `id:generation`.
+const COMMANDS_OWNER: &str = "fred-commands:1";
+
+/// The name of relock's batch function loaded on the server `client` is connected to (a
+/// `LockClient` loads it when it connects), if there is one.
+pub async fn relock_function(client: &fred::clients::Client) -> Option<Arc<str>> {
+    use fred::interfaces::FunctionInterface;
+    let list: fred::types::Value = client.function_list(None::<&str>, false).await.ok()?;
+    fn find(value: &fred::types::Value) -> Option<Arc<str>> {
+        match value {
+            fred::types::Value::String(s) if s.starts_with("relock_batch_") => Some(Arc::from(&**s)),
+            fred::types::Value::Array(items) => items.iter().find_map(find),
+            fred::types::Value::Map(map) => map.values().find_map(find),
+            _ => None,
+        }
+    }
+    find(&list)
+}
+
+impl Contender for FredRelockCommands {
+    type Held = ();
+    const LIBRARY: Library = Library::FredRelockCommands;
+
+    async fn acquire(&self) -> Option<()> {
+        use fred::interfaces::FunctionInterface;
+        let lease = LEASE.as_millis().to_string();
+        let reply: fred::types::Value = self
+            .client
+            .fcall(
+                &*self.function,
+                vec![self.lock.as_str(), self.fence.as_str()],
+                vec!["A", COMMANDS_OWNER, lease.as_str()],
+            )
+            .await
+            .expect("fred FCALL of relock's function");
+        // A fresh grant answers its token alone; anything else comes as a list.
+        (!matches!(reply, fred::types::Value::Array(_))).then_some(())
+    }
+
+    async fn release(&self, (): ()) -> bool {
+        use fred::interfaces::HashesInterface;
+        let removed: i64 = self
+            .client
+            .hdel(
+                self.lock.as_str(),
+                vec![COMMANDS_OWNER.to_string(), format!("{COMMANDS_OWNER}~")],
+            )
+            .await
+            .expect("fred HDEL");
+        removed == 1
+    }
+}
+
 /// rslock: `SET NX PX` on every master, `retry_count` tries with a pause drawn from
 /// `0..retry_delay` whole milliseconds between them (the failed try's keys deleted first).
 pub struct Rslock {

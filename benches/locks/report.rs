@@ -136,9 +136,14 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
     for tasks in [1usize, 16, 256] {
         let p = Params::Tasks(tasks);
         if let (Some(relock), Some((peer, best))) = (relock(u, p, c), best_peer(rows, u, p, c, true)) {
+            // How far relock's own commands get on its driver, relock's layers left out: the
+            // most the design makes of fred here.
+            let commands = figure(rows, u, Library::FredRelockCommands, p, c)
+                .map(|v| format!("; relock's commands on fred, no relock: {:.2}x", v / best))
+                .unwrap_or_default();
             out.push(target(
                 format!("uncontended {p}: cycles/s >= 1.0x best peer"),
-                format!("{:.2}x of {peer}", relock / best),
+                format!("{:.2}x of {peer}{commands}", relock / best),
                 relock >= best,
             ));
         }
@@ -309,7 +314,10 @@ come, first served over 64 contenders: about 63); `idle_gap_p50_rtt` the idle ga
 `TcpStream` round trip p50 measured just before; `*_vs_plain` the fair lock's figure over the plain \
 lock's. Uncontended, `fred SET NX`: the thinnest lock (rslock's two commands) on relock's own driver \
 with no relock in between, one client shared by the tasks: not a peer, the ceiling of any lock built \
-on fred here; relock's gap to it is what relock adds, its gap to the peers is fred's. Every loop \
+on fred here; its gap to the peers is fred's. Uncontended, `relock's commands on fred`: the `FCALL` \
+of relock's function that a lone fresh acquisition sends and the `HDEL` that a lone release sends, \
+through one fred client, no relock (no coalescing either): its gap to `fred SET NX` is what relock's \
+commands cost over a `SET NX`, and relock's gap to it what relock's layers add. Every loop \
 runs on a runtime worker, as a user's task does (one awaited in `main`'s `block_on` had each reply \
 wake the main thread from a worker). One request in flight on this 2-vCPU VM mostly waits for an \
 idle vCPU to wake.

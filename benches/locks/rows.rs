@@ -68,6 +68,9 @@ pub enum Library {
     /// The thinnest lock on relock's driver: `SET NX PX` and a compare-and-delete script through
     /// one fred client, no relock (not a peer: it shows what fred itself costs per cycle).
     FredSetNx,
+    /// relock's own commands (its function's lone acquisition, the lone release's `HDEL`) through
+    /// one fred client, no relock: what relock's server work costs on its driver, without relock.
+    FredRelockCommands,
     /// A bare `tokio::net::TcpStream` with hand-written RESP.
     BareTcp,
 }
@@ -85,6 +88,7 @@ impl Library {
             Library::RedisBenchmark => "redis-benchmark",
             Library::FredFcall => "fred FCALL",
             Library::FredSetNx => "fred SET NX (relock's driver, no relock)",
+            Library::FredRelockCommands => "relock's commands on fred (no relock)",
             Library::BareTcp => "bare TcpStream",
         }
     }

@@ -10,7 +10,8 @@ use relock::{LockClient, MultiLock, QuorumConfig};
 
 use super::{run, Run, Shape};
 use crate::peers::{
-    arl_options, redlock_client, rslock_manager, Arl, FredSetNx, Redlock, Relock, Rslock, FRED_RELEASE,
+    arl_options, redlock_client, relock_function, rslock_manager, Arl, FredRelockCommands, FredSetNx,
+    Redlock, Relock, Rslock, FRED_RELEASE,
 };
 use crate::rows::{Library, Params, Retry, Row, Workload};
 use crate::support::{self, RedisServer};
@@ -77,8 +78,8 @@ async fn interleaved(total: Duration, mut entrants: Vec<Entrant<'_>>) -> Vec<Run
     runs.into_iter().map(|r| r.expect("one slice at least")).collect()
 }
 
-/// The rows of one group: relock (through `lock`), fred `SET NX` on one server, and the peers,
-/// interleaved; `tasks` tasks on locks named after `base`, over `servers` (several: a quorum).
+/// The rows of one group: relock (through `lock`), fred `SET NX` and relock's commands on fred on
+/// one server, and the peers, interleaved; `tasks` tasks on locks named after `base`, over `servers` (several: a quorum).
 async fn cycle_rows(
     mode: &Mode,
     servers: &[&RedisServer],
@@ -92,8 +93,14 @@ async fn cycle_rows(
     let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
     let quorum = workload == Workload::Redlock;
     let names = |kind: &str| -> Vec<String> { (0..tasks).map(|i| format!("{base}:{kind}{i}")).collect() };
-    let (relock_names, fred_names, rs_names, arl_names, redlock_names) =
-        (names("l"), names("f"), names("r"), names("a"), names("s"));
+    let (relock_names, fred_names, command_names, rs_names, arl_names, redlock_names) = (
+        names("l"),
+        names("f"),
+        names("c"),
+        names("r"),
+        names("a"),
+        names("s"),
+    );
 
     // The thinnest lock on fred, one client shared by the tasks as relock's are: one server only.
     let fred = if quorum {
@@ -103,6 +110,11 @@ async fn cycle_rows(
         let client = support::fred_client(&urls[0]).await;
         let sha: String = client.script_load(FRED_RELEASE).await.expect("SCRIPT LOAD");
         Some((client, std::sync::Arc::<str>::from(sha)))
+    };
+    // relock's function, loaded by relock's client when it connected (none before Redis 7).
+    let function = match &fred {
+        Some((client, _)) => relock_function(client).await,
+        None => None,
     };
     let manager = rslock_manager(&urls, Retry::Default);
     // async-redis-lock locks one node: no quorum rows.
@@ -127,6 +139,16 @@ async fn cycle_rows(
             key: key.clone(),
             release_sha: sha.clone(),
         }));
+        if let Some(function) = &function {
+            entrants.push(Entrant::per_name(&servers[..1], &command_names, |name| {
+                FredRelockCommands {
+                    client: client.clone(),
+                    function: function.clone(),
+                    lock: format!("{{{name}}}"),
+                    fence: format!("{{{name}}}:fence"),
+                }
+            }));
+        }
     }
     entrants.push(Entrant::per_name(servers, &rs_names, |key| Rslock {
         manager: manager.clone(),
