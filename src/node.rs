@@ -311,7 +311,7 @@ impl Node {
                             self.connections.lock().push(handle);
                         }
                     }
-                    client.wait_for_connect().await?;
+                    topology::connected(client).await?;
                 }
             }
             let info = link.topology.server_info(&link.client, &link.options).await?;

@@ -141,7 +141,7 @@ impl Waiters {
     /// shows in any case whether the connection is in subscribed mode (`["pong", ""]`) or not
     /// (`PONG`). Over RESP3 (a fred client so configured) only the first way tells.
     pub(crate) async fn check(&self, channel: &str) -> Result<(), fred::error::Error> {
-        self.subscriber.wait_for_connect().await?;
+        crate::topology::connected(&self.subscriber).await?;
         if self.link.topology.sharded() {
             // fred awaits the reply of SSUBSCRIBE: a refusal comes back here.
             self.subscriber.ssubscribe(channel).await?;

@@ -217,6 +217,24 @@ impl Topology {
     }
 }
 
+/// Waits until `client` is connected (or its connection failed: fred's error).
+///
+/// fred's `wait_for_connect` looks at the client's state, then subscribes to the connect
+/// notification: a connection made in between is missed, and the wait lasts until the caller's
+/// bound, or for ever without one. (`tests/cli.rs` met it about once in 25 runs: the subscriber
+/// connection was up, and `LockClient::connect` timed out waiting for it.) A `PING` sent beside it
+/// waits in fred's queue until the connection is up and is answered then, so either ends the
+/// wait; a `PING` that fails leaves the error to `wait_for_connect`.
+pub(crate) async fn connected(client: &Client) -> Result<(), fred::error::Error> {
+    if client.is_connected() {
+        return Ok(());
+    }
+    tokio::select! {
+        done = client.wait_for_connect() => done,
+        Ok(()) = client.ping::<()>(None) => Ok(()),
+    }
+}
+
 /// The primary that owns `slot`, as `client` knows it now (`None` off a cluster).
 pub(crate) fn slot_owner(client: &Client, slot: u16) -> Option<fred::types::config::Server> {
     cluster::owner(client, slot)

@@ -51,7 +51,7 @@ pub(crate) async fn follow_switches(config: Config, clients: Vec<Client>) {
         handles.push(tokio::spawn(async move {
             // SUBSCRIBE again after every reconnect (fred's plain client does not).
             let mut reconnects = watcher.reconnect_rx();
-            let _ = watcher.wait_for_connect().await;
+            let _ = super::connected(&watcher).await;
             let _ = watcher.subscribe("+switch-master").await;
             loop {
                 tokio::select! {
