@@ -79,7 +79,8 @@ async fn interleaved(total: Duration, mut entrants: Vec<Entrant<'_>>) -> Vec<Run
 }
 
 /// The rows of one group: relock (through `lock`), fred `SET NX` and relock's commands on fred on
-/// one server, and the peers, interleaved; `tasks` tasks on locks named after `base`, over `servers` (several: a quorum).
+/// one server, and the peers, interleaved; `tasks` tasks on locks named after `base`, over
+/// `servers` (several: a quorum).
 async fn cycle_rows(
     mode: &Mode,
     servers: &[&RedisServer],
