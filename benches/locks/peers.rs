@@ -124,6 +124,8 @@ pub struct FredRelockCommands {
 
 /// The owner id of [`FredRelockCommands`]: relock's form, `id:generation`.
 const COMMANDS_OWNER: &str = "fred-commands:1";
+/// Its hold's mark (see `scripts/acquire.lua`), removed with the hold as relock's release does.
+const COMMANDS_MARK: &str = "fred-commands:1~";
 
 /// The name of relock's batch function loaded on the server `client` is connected to (a
 /// `LockClient` loads it when it connects), if there is one.
@@ -147,28 +149,26 @@ impl Contender for FredRelockCommands {
 
     async fn acquire(&self) -> Option<()> {
         use fred::interfaces::FunctionInterface;
-        let lease = LEASE.as_millis().to_string();
-        let reply: fred::types::Value = self
+        use fred::types::Value;
+        let lease = LEASE.as_millis() as i64;
+        let reply: Value = self
             .client
             .fcall(
                 &*self.function,
                 vec![self.lock.as_str(), self.fence.as_str()],
-                vec!["A", COMMANDS_OWNER, lease.as_str()],
+                vec![Value::from("A"), Value::from(COMMANDS_OWNER), Value::from(lease)],
             )
             .await
             .expect("fred FCALL of relock's function");
         // A fresh grant answers its token alone; anything else comes as a list.
-        (!matches!(reply, fred::types::Value::Array(_))).then_some(())
+        (!matches!(reply, Value::Array(_))).then_some(())
     }
 
     async fn release(&self, (): ()) -> bool {
         use fred::interfaces::HashesInterface;
         let removed: i64 = self
             .client
-            .hdel(
-                self.lock.as_str(),
-                vec![COMMANDS_OWNER.to_string(), format!("{COMMANDS_OWNER}~")],
-            )
+            .hdel(self.lock.as_str(), vec![COMMANDS_OWNER, COMMANDS_MARK])
             .await
             .expect("fred HDEL");
         removed == 1
