@@ -225,7 +225,7 @@ for _ = 1, tonumber(ARGV[1]) do
       k = k + 4
     elseif op == 'f' or op == 'F' or op == 'g' or op == 'G' then
       ok, reply = pcall(acquire_fair, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
-        tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five and tonumber(ARGV[a + 4]))
+        tonumber(ARGV[a + 3]), op == 'g' or op == 'G', five and tonumber(ARGV[a + 4]), publish)
       k = k + 3
     elseif op == 't' then
       ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),

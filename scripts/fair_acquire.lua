@@ -46,7 +46,14 @@ end
 -- lease and the key of the waiter just ahead of this owner: a release wakes only the waiter it
 -- names, and should the one ahead be gone (crashed, cut off: nobody announces its key running
 -- out), this owner tries again as soon as its place is free.
-local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue)
+--
+-- A grant to the head of the queue may leave the next waiter asleep past the new lease: that
+-- waiter sleeps at most until the head's key would have run out (the sooner of the two ttls
+-- above), and nobody announces a lease that runs out. So when the new lease is the shorter (a
+-- fixed lease under the heartbeat's), the grant names the next waiter on `publish`, and it
+-- learns the new holder's lease at once. Under the watchdog the lease is the longer, and no
+-- message goes.
+local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, enqueue, publish)
   if not absent_or(queue, 'zset') then
     return wrong_type()
   end
@@ -74,8 +81,16 @@ local function acquire_fair(lock, fence, queue, owner, lease, target, in_step, e
   local reply = {acquire(lock, fence, owner, lease, target, in_step)}
   if reply[1] == 1 then
     if head then
+      local waiter = queue .. ':' .. head
+      local slept = call('PTTL', waiter)
       call('ZREM', queue, head)
-      call('DEL', queue .. ':' .. head)
+      call('DEL', waiter)
+      if publish and tonumber(lease) < slept then
+        local next = fair_head(queue)
+        if next then
+          call(publish, lock .. ':released', next)
+        end
+      end
     end
   elseif enqueue and id then
     fair_join(queue, id, enqueue)

@@ -217,6 +217,13 @@ impl Core {
                 resync: Some(hold.resync(&field, gen)),
             };
             let voters = self.masters.voters(self.quarantine());
+            if let Some(err) = self.masters.too_few_voters(&voters, self.quarantine()) {
+                // Nothing sent: nothing to undo.
+                undo.resync = None;
+                drop(undo);
+                self.holds.retire_if_idle(&hold);
+                return Err(err);
+            }
             let round = quorum::acquire(&self.masters, &voters, keys, &field, lease, target);
             // One master's round is one request, which its node bounds already (by the same length);
             // several masters', or a shorter wait of the caller's, are bounded here.

@@ -50,6 +50,24 @@ pub enum Error {
         /// Masters in the quorum.
         nodes: usize,
     },
+    /// Too few masters of a [`MultiLock`](crate::MultiLock) may vote: the others were seen
+    /// starting (or restarting) less than a lease ago, and may have forgotten locks they granted, so
+    /// they sit out until a lease has passed since (the restart quarantine, see
+    /// [`QuorumConfig::restart_quarantine`](crate::QuorumConfig::restart_quarantine)). Nothing was
+    /// sent. Waiting acquisitions wait it out within their bound.
+    #[error(
+        "quorum not reached: {voting} of {nodes} masters may vote, {needed} needed; the others started less than a lease ago and sit out the restart quarantine, which ends in {ends_in:?}"
+    )]
+    Quarantine {
+        /// Masters that may vote now.
+        voting: usize,
+        /// Masters needed for a majority.
+        needed: usize,
+        /// Masters in the quorum.
+        nodes: usize,
+        /// How long until enough masters may vote.
+        ends_in: Duration,
+    },
     /// The key at the lock's name holds a value of another type, which relock does not touch.
     #[error("the key {0} holds a value that is not a relock lock (WRONGTYPE)")]
     WrongType(String),
@@ -88,6 +106,53 @@ impl Error {
             self,
             Error::InvalidName(_) | Error::InvalidDuration(_) | Error::InvalidConfig(_)
         )
+    }
+
+    /// True for errors that may go away by themselves: Redis did not answer or could not be
+    /// reached (a timeout, a connection error, a failover or a server loading its data), too few
+    /// replicas or masters answered ([`ReplicaSync`](Error::ReplicaSync),
+    /// [`Quorum`](Error::Quorum)), or masters sit out the restart quarantine
+    /// ([`Quarantine`](Error::Quarantine)).
+    ///
+    /// A waiting acquisition (`acquire`, `try_acquire_for`) tries again after a transient error,
+    /// with a growing pause, until its bound, and returns the last error only then; `acquire`,
+    /// which has no bound of the caller's, keeps trying for one lease of errors in a row (or until
+    /// a quarantine ends). Any other error (a key of another type, a user the server refuses, bad
+    /// input, a shutdown) is returned at once.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Timeout(_)
+            | Error::Quorum { .. }
+            | Error::Quarantine { .. }
+            | Error::ReplicaSync { .. } => true,
+            Error::Redis(err) => {
+                use fred::error::ErrorKind;
+                match err.kind() {
+                    ErrorKind::IO
+                    | ErrorKind::Timeout
+                    | ErrorKind::Canceled
+                    | ErrorKind::Cluster
+                    | ErrorKind::Routing
+                    | ErrorKind::Sentinel
+                    | ErrorKind::Backpressure => true,
+                    // The server's own word: busy with a script, loading its data, a cluster or a
+                    // replica in the middle of a change.
+                    _ => [
+                        "LOADING",
+                        "BUSY",
+                        "TRYAGAIN",
+                        "CLUSTERDOWN",
+                        "MASTERDOWN",
+                        "READONLY",
+                        "MOVED",
+                        "ASK ",
+                    ]
+                    .iter()
+                    .any(|word| err.details().starts_with(word)),
+                }
+            }
+            _ => false,
+        }
     }
 
     /// An answer that decides the attempt as a refusal would, on the master that gave it: a key of

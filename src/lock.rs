@@ -17,7 +17,7 @@ use crate::keys::{FairKeys, Kind, LockKeys};
 use crate::owner::Owner;
 use crate::quorum::jitter;
 use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
-use crate::wait::Wait;
+use crate::wait::{Retries, Wait};
 use crate::waiters::{Armed, Subscription};
 use crate::Error;
 
@@ -124,9 +124,11 @@ impl Lock {
     /// Waits until the lock is held. Waiting costs no polling: the waiter is woken by the release
     /// message of the holder, or when the holder's lease would have run out, whichever comes first.
     ///
-    /// Fails at the first attempt that fails: with Redis down or silent, within one attempt's bound
-    /// (`command_timeout` for a [`LockClient`](crate::LockClient); two `node_timeout`s for a
-    /// [`MultiLock`](crate::MultiLock), the round and the fence).
+    /// An attempt that fails with a transient error (see [`Error::is_transient`]: Redis down or
+    /// silent, a failover, too few masters) is made again after a growing pause (50 ms up to 1 s),
+    /// for up to one lease of errors in a row (`watchdog_timeout`, or the fixed lease): then the
+    /// last error is returned. A restart quarantine of a [`MultiLock`](crate::MultiLock)'s masters
+    /// is waited out. Any other error is returned at once.
     ///
     /// # Cancel safety
     ///
@@ -154,7 +156,9 @@ impl Lock {
     /// then is abandoned and undone in the background, and if no attempt was ever answered, the
     /// result is an error ([`Error::Timeout`], or that of the attempt), not `None`. So a wait
     /// shorter than a round trip to Redis is a timeout: for one attempt, whatever it takes within
-    /// its own bound, use [`try_acquire`](Lock::try_acquire).
+    /// its own bound, use [`try_acquire`](Lock::try_acquire). An attempt that fails with a transient
+    /// error (see [`Error::is_transient`]) is made again after a pause until `wait` ends, and the
+    /// last error is returned then; any other error is returned at once.
     ///
     /// # Cancel safety
     ///
@@ -351,6 +355,9 @@ impl Lock {
         let mut wake_up = WakeUp(None);
         let mut refused = false;
         let until = wait.until();
+        let mut retries = Retries::new();
+        // How long `acquire` rides through errors in a row: a lease.
+        let patience = self.lease.unwrap_or(self.core.config.get_watchdog_timeout());
         loop {
             if !subscriptions.is_empty() {
                 armed = subscriptions.iter().map(Subscription::armed).collect();
@@ -398,10 +405,11 @@ impl Lock {
                 }
                 Ok(Attempt::Refused { ttl, split }) => {
                     refused = true;
+                    retries.answered();
                     (ttl, split)
                 }
                 // The caller's wait ran out during an attempt (abandoned, undone in the background).
-                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
+                Err(Error::Timeout(_)) if wait.ran_out() => return retries.ran_out_result(&wait, refused),
                 // The owner's reader key was there: a read guard dropped just before may still
                 // have its release on the way. Once that is done, the refusal is tried again;
                 // only a read hold that is still active makes it an upgrade.
@@ -415,10 +423,21 @@ impl Lock {
                     match self.core.within(until, settled).await {
                         Some(false) => continue,
                         Some(true) => return Err(Error::Upgrade(name)),
-                        None => return wait.ran_out_result(refused),
+                        None => return retries.ran_out_result(&wait, refused),
                     }
                 }
-                Err(err) => return Err(err),
+                // Tried again after a pause if the error may go away, within the bound.
+                Err(err) => {
+                    let at = retries.after(&wait, err, patience)?;
+                    tokio::time::sleep_until(at).await;
+                    if let Some(err) = retries.ran_out(&wait) {
+                        return Err(err);
+                    }
+                    if self.core.is_closed() {
+                        return Err(Error::Shutdown);
+                    }
+                    continue;
+                }
             };
             if wait.over() {
                 return Ok(None);
@@ -428,7 +447,9 @@ impl Lock {
             if let (Some(place), false) = (&place, mark.as_ref().is_some_and(LockGuard::is_held)) {
                 match self.adopt_mark(place, &owner, wait.until()).await {
                     Ok(guard) => mark = Some(guard),
-                    Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(refused),
+                    Err(Error::Timeout(_)) if wait.ran_out() => {
+                        return retries.ran_out_result(&wait, refused)
+                    }
                     Err(err) => return Err(err),
                 }
             }

@@ -271,6 +271,16 @@ impl Node {
         !health.suspect && health.started_at.is_some_and(|at| at.elapsed() >= quarantine)
     }
 
+    /// When the master may vote again, if it sits out a quarantine of `quarantine` now and this
+    /// client knows when it started (not while it is suspected of a restart nobody saw yet).
+    pub(crate) fn votes_from(&self, quarantine: Duration) -> Option<Instant> {
+        let health = self.health.lock();
+        if health.suspect {
+            return None;
+        }
+        health.started_at.map(|at| at + quarantine)
+    }
+
     /// The server's `run_id`, once seen.
     pub(crate) fn run_id(&self) -> Option<Str> {
         self.health.lock().run_id.clone()
@@ -580,6 +590,23 @@ impl Node {
         self.link.check_acked(reply.acked)
     }
 
+    /// Publishes a plain lock's release message, for a release whose reply was lost: a lone
+    /// release's `PUBLISH` follows its `HDEL`'s reply (see `batch::release_alone`), so an `HDEL`
+    /// that ran unanswered freed the lock without a word, and its resend finds nothing to remove.
+    /// Without this, a waiter of another client would sleep until the lease it saw ran out. A
+    /// message too many is one harmless wake-up.
+    pub(crate) async fn announce_release(&self, keys: &LockKeys) -> Result<(), Error> {
+        use fred::interfaces::PubsubInterface;
+        let channel = keys.channel.clone();
+        crate::telemetry::redis_call("release");
+        let _heard: i64 = if self.link.topology.sharded() {
+            self.bounded(self.link.batch.spublish(channel, "1")).await?
+        } else {
+            self.bounded(self.link.batch.publish(channel, "1")).await?
+        };
+        Ok(())
+    }
+
     pub(crate) async fn force_unlock(&self, keys: &LockKeys) -> Result<bool, Error> {
         let args = vec![
             Value::from(keys.channel.clone()),
@@ -667,6 +694,31 @@ impl Node {
         args: Vec<Value>,
     ) -> Result<Vec<i64>, Error> {
         let call = self.script(script, keys.iter().map(|k| Key::from(*k)).collect(), args);
+        self.bounded_on(call, keys.first().copied().unwrap_or_default())
+            .await
+    }
+
+    /// [`run_list`](Node::run_list) of a write that the batcher may undo: on the connection the
+    /// batcher's calls take (the synced one, when writes are synced), so that an undo sent after a
+    /// call whose reply was lost runs after that call, never before it (which would leave what
+    /// the call wrote in place for a lease). It does not wait for replicas.
+    pub(crate) async fn run_list_undoable(
+        &self,
+        script: &Script,
+        keys: &[&str],
+        args: Vec<Value>,
+    ) -> Result<Vec<i64>, Error> {
+        let call = async {
+            let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
+            let mut pause = RetryPause::new();
+            loop {
+                let call = self.link.call_unwaited(script, keys.clone(), args.clone());
+                match Box::pin(call).await {
+                    Err(err) if not_run(&err) => pause.wait().await,
+                    other => return other,
+                }
+            }
+        };
         self.bounded_on(call, keys.first().copied().unwrap_or_default())
             .await
     }

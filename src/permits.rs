@@ -57,7 +57,8 @@ impl Core {
             Value::from(lease.as_millis().min(i64::MAX as u128) as i64),
         ];
         let both: [&str; 2] = [&sem.index, &keys.lock];
-        let call = node.run_list(&scripts().semaphore_acquire, &both, args);
+        // On the undo's connection: an undo must not overtake the call it undoes.
+        let call = node.run_list_undoable(&scripts().semaphore_acquire, &both, args);
         let reply = match until {
             Some(until) => tokio::time::timeout_at(until, call)
                 .await

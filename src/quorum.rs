@@ -117,6 +117,36 @@ impl Masters {
     }
 }
 
+impl Masters {
+    /// [`Error::Quarantine`] if fewer `voters` than a majority may vote because masters sit out
+    /// the restart quarantine (`quarantine`: how long), with how long until enough may. `None` if
+    /// a majority votes, or if masters sit out for other reasons too (not reached yet, the same
+    /// server under two names): the round then tells what went wrong.
+    pub(crate) fn too_few_voters(&self, voters: &[bool], quarantine: Option<Duration>) -> Option<Error> {
+        let voting = voters.iter().filter(|v| **v).count();
+        let needed = self.needed();
+        if voting >= needed {
+            return None;
+        }
+        let now = Instant::now();
+        let mut ends: Vec<Instant> = (0..self.nodes.len())
+            .filter(|i| !voters[*i])
+            .filter_map(|i| quarantine.and_then(|q| self.nodes[i].votes_from(q)))
+            .filter(|at| *at > now)
+            .collect();
+        if voting + ends.len() < needed {
+            return None;
+        }
+        ends.sort();
+        Some(Error::Quarantine {
+            voting,
+            needed,
+            nodes: self.nodes.len(),
+            ends_in: ends[needed - voting - 1].saturating_duration_since(now),
+        })
+    }
+}
+
 /// One flag per master, in order: whether it may vote now (see [`Masters::voters`]).
 pub(crate) type Voters = Few<bool>;
 

@@ -294,11 +294,14 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
             silent.push(i);
         }
     }
-    silent.extend(
-        quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready)
-            .await
-            .silent,
-    );
+    let answered = quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready).await;
+    if target == 0 && matches!(resync.keys.kind, crate::keys::Kind::Plain) {
+        // The lost reply may have been a release's that freed the lock unannounced.
+        let announce = ready.iter().filter(|i| !answered.silent.contains(i));
+        futures::future::join_all(announce.map(|&i| core.masters.nodes[i].announce_release(&resync.keys)))
+            .await;
+    }
+    silent.extend(answered.silent);
     silent
 }
 

@@ -14,7 +14,7 @@ use crate::keys::SemaphoreKeys;
 use crate::owner::Owner;
 use crate::permits::PermitAttempt;
 use crate::scripts::scripts;
-use crate::wait::Wait;
+use crate::wait::{Retries, Wait};
 use crate::Error;
 
 /// A semaphore of `permits` permits shared through Redis: made by
@@ -27,7 +27,7 @@ use crate::Error;
 /// - **Waiting costs no polling**: a waiter sleeps until a release message or until the soonest
 ///   holder's lease would run out. A release wakes one waiter per client, which passes the wake-up
 ///   on while permits are left, so a release of several permits serves several waiters without a
-///   stampede.
+///   stampede; a waiter short of permits makes no attempt until a release or a lease's end.
 /// - **The number of permits** is stored with the semaphore while permits are held; a caller
 ///   giving another number then gets [`Error::InvalidConfig`] and changes nothing. Once no permit
 ///   is held, the next acquisition's number is the one in force.
@@ -69,7 +69,8 @@ impl Semaphore {
         self.permits
     }
 
-    /// Waits until `n` permits are free, and takes them.
+    /// Waits until `n` permits are free, and takes them. A transient error is tried again for up
+    /// to one lease of errors in a row, as [`Lock::acquire`](crate::Lock::acquire) does.
     ///
     /// # Cancel safety
     ///
@@ -93,7 +94,8 @@ impl Semaphore {
 
     /// Waits at most `wait` for `n` permits: `None` if they were not free by then. Returns within
     /// `wait`, whatever the server does; if no attempt was answered by then, the result is
-    /// [`Error::Timeout`].
+    /// [`Error::Timeout`]. A transient error is tried again until `wait` ends, as
+    /// [`Lock::try_acquire_for`](crate::Lock::try_acquire_for) does.
     ///
     /// # Cancel safety
     ///
@@ -143,29 +145,31 @@ impl Semaphore {
         let holder = Owner::new().id_for(&self.core.id);
         let until = wait.until();
         let node = &self.core.masters.nodes[0];
-        let mut subscription = None;
+        let mut subscription: Option<crate::waiters::Subscription> = None;
         let mut armed = None;
         let mut answered = false;
+        let mut retries = Retries::new();
+        let patience = self.core.config.get_watchdog_timeout();
         loop {
             if let Some(subscription) = &subscription {
-                armed = Some(crate::waiters::Subscription::armed(subscription));
+                armed = Some(subscription.armed());
             }
             let attempt = self
                 .core
                 .attempt_permits(&self.keys, &holder, self.permits, n, until)
                 .await;
-            // A release message wakes one waiter per client; one that finds permits left over (it
-            // took fewer than were freed, or asked for more than there are) passes the wake-up on
-            // to the next waiter, so that a release of several permits serves several waiters
-            // without waking every one of them.
-            let pass_on = |free: u64| {
-                if let (Some(subscription), true) = (&subscription, free > 0) {
-                    crate::waiters::Subscription::waker(subscription).notify_one();
-                }
-            };
+            // A release message wakes one waiter per client. One granted with permits left over
+            // passes the wake-up on to the next waiter, so that a release of several permits serves
+            // several waiters without waking every one of them. One refused while permits are free
+            // (it asked for more) passes it on to every other waiter, once per message
+            // (`Subscription::pass_on`): never to itself, and refused waiters do not wake each
+            // other for ever.
             let soonest = match attempt {
                 Ok(PermitAttempt::Granted { grant, free }) => {
-                    pass_on(free);
+                    if let (Some(subscription), true) = (&subscription, free > 0) {
+                        drop(armed.take());
+                        subscription.waker().notify_one();
+                    }
                     return Ok(Some(Permit {
                         guard: LockGuard::new(self.core.clone(), grant),
                         permits: n,
@@ -173,11 +177,28 @@ impl Semaphore {
                 }
                 Ok(PermitAttempt::Refused { free, soonest }) => {
                     answered = true;
-                    pass_on(free);
+                    retries.answered();
+                    if let (Some(subscription), true) = (&subscription, free > 0) {
+                        drop(armed.take());
+                        subscription.pass_on();
+                        // A message that came meanwhile is stored for this arming: not lost.
+                        armed = Some(subscription.armed());
+                    }
                     soonest
                 }
-                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(answered),
-                Err(err) => return Err(err),
+                Err(Error::Timeout(_)) if wait.ran_out() => return retries.ran_out_result(&wait, answered),
+                // Tried again after a pause if the error may go away, within the bound.
+                Err(err) => {
+                    let at = retries.after(&wait, err, patience)?;
+                    tokio::time::sleep_until(at).await;
+                    if let Some(err) = retries.ran_out(&wait) {
+                        return Err(err);
+                    }
+                    if self.core.is_closed() {
+                        return Err(Error::Shutdown);
+                    }
+                    continue;
+                }
             };
             if wait.over() {
                 return Ok(None);

@@ -71,6 +71,90 @@ impl Wait {
     }
 }
 
+/// The first pause after a transient error, and the longest (each pause doubles, jittered).
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// A waiting loop's transient errors (see [`Error::is_transient`]): the loop tries again after a
+/// pause until its bound, and returns the last error only then. A wait without a bound of the
+/// caller's rides through errors in a row for `patience` (a lease: a failover or restart shorter
+/// than that goes unnoticed), and through a restart quarantine to its end, which is known.
+pub(crate) struct Retries {
+    /// Since when attempts fail one after another (a quarantine aside).
+    failing_since: Option<Instant>,
+    pause: Duration,
+    last: Option<Error>,
+}
+
+impl Retries {
+    pub(crate) fn new() -> Retries {
+        Retries {
+            failing_since: None,
+            pause: FIRST_PAUSE,
+            last: None,
+        }
+    }
+
+    /// An attempt was answered: the next error starts a new run of them.
+    pub(crate) fn answered(&mut self) {
+        self.failing_since = None;
+        self.pause = FIRST_PAUSE;
+        self.last = None;
+    }
+
+    /// After an attempt failed with `err`: when to try again, or `Err` to end the call with (one
+    /// attempt, an error that will not go away by waiting, the bound passed, or `patience` spent).
+    pub(crate) fn after(&mut self, wait: &Wait, err: Error, patience: Duration) -> Result<Instant, Error> {
+        if matches!(wait, Wait::Once) || !err.is_transient() {
+            return Err(err);
+        }
+        let now = Instant::now();
+        let at = match &err {
+            Error::Quarantine { ends_in, .. } => now + (*ends_in).max(FIRST_PAUSE),
+            _ => {
+                let since = *self.failing_since.get_or_insert(now);
+                if matches!(wait, Wait::Forever) && now.duration_since(since) >= patience {
+                    return Err(err);
+                }
+                let at = now + crate::quorum::jitter(self.pause);
+                self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+                // The last try of a wait without a bound comes at the end of its patience, not
+                // a pause after it: `acquire` fails within patience and two attempts' bounds.
+                match wait {
+                    Wait::Forever => at.min(since + patience),
+                    _ => at,
+                }
+            }
+        };
+        tracing::debug!(%err, pause = ?at - now, "attempt failed; trying again");
+        let at = match wait.until() {
+            Some(until) if now >= until => return Err(err),
+            Some(until) => at.min(until),
+            None => at,
+        };
+        self.last = Some(err);
+        Ok(at)
+    }
+
+    /// What a call whose bound ran out during an attempt returns: the last attempt's error if one
+    /// failed since the last answer, else as [`Wait::ran_out_result`].
+    pub(crate) fn ran_out_result<T>(&mut self, wait: &Wait, answered: bool) -> Result<Option<T>, Error> {
+        match self.last.take() {
+            Some(err) => Err(err),
+            None => wait.ran_out_result(answered),
+        }
+    }
+
+    /// After the pause: the last error, if the caller's bound has passed meanwhile.
+    pub(crate) fn ran_out(&mut self, wait: &Wait) -> Option<Error> {
+        if wait.ran_out() {
+            self.last.take()
+        } else {
+            None
+        }
+    }
+}
+
 /// The instant `wait` from now; too long a wait is bad input.
 pub(crate) fn deadline(wait: Duration) -> Result<Instant, Error> {
     Instant::now()

@@ -62,11 +62,19 @@ struct Entry {
     named: HashMap<Str, (usize, Arc<Notify>)>,
     /// Since when nobody waits on it (it lingers, see [`LINGER`]).
     idle_since: Option<Instant>,
+    /// How many wake-ups of unnamed waiters it delivered (messages, and events that woke all), and
+    /// at which of them a waiter last passed its wake-up on to the others
+    /// ([`Subscription::pass_on`]): once per wake-up, so waiters that cannot use what is free do
+    /// not wake each other, or themselves, for ever.
+    delivered: u64,
+    relayed: u64,
 }
 
 impl Entry {
-    /// Wakes every waiter of the channel, named ones included.
-    fn wake_all(&self) {
+    /// Wakes every waiter of the channel, named ones included: nothing is left to pass on.
+    fn wake_all(&mut self) {
+        self.delivered += 1;
+        self.relayed = self.delivered;
         self.notify.notify_waiters();
         for (_, notify) in self.named.values() {
             notify.notify_waiters();
@@ -76,7 +84,7 @@ impl Entry {
     /// Turns one message into wake-ups: `*` (a latch opened, a read-write lock released) wakes
     /// every waiter, names (separated by spaces: a fair lock's next waiters) the waiters of those
     /// names, anything else (a lock's release) one unnamed waiter.
-    fn deliver(&self, message: &[u8]) {
+    fn deliver(&mut self, message: &[u8]) {
         if message == b"*" {
             return self.wake_all();
         }
@@ -91,6 +99,7 @@ impl Entry {
                 return;
             }
         }
+        self.delivered += 1;
         self.notify.notify_one();
     }
 }
@@ -267,6 +276,22 @@ impl Subscription {
     pub(crate) fn waker(&self) -> Arc<Notify> {
         self.notify.clone()
     }
+
+    /// Wakes every other waiter of the channel that is armed now, if nobody did so since the
+    /// channel's last wake-up: a waiter that a release woke found something free that it could not
+    /// use (a semaphore waiter short of permits), which another waiter may. The caller drops its
+    /// own armed wake-up first (this one stores no wake-up for later, so it cannot come back to
+    /// the caller). Once per wake-up: the waiters it wakes, refused in turn, pass nothing on, and
+    /// a waiter that no release woke has nothing to pass on.
+    pub(crate) fn pass_on(&self) {
+        let mut channels = self.shared.channels.lock();
+        if let Some(entry) = channels.get_mut(&self.channel) {
+            if entry.relayed != entry.delivered {
+                entry.relayed = entry.delivered;
+                entry.notify.notify_waiters();
+            }
+        }
+    }
 }
 
 impl Drop for Subscription {
@@ -307,7 +332,7 @@ fn arm(notify: &Arc<Notify>) -> Armed {
 }
 
 fn wake_all(shared: &Shared) {
-    for entry in shared.channels.lock().values() {
+    for entry in shared.channels.lock().values_mut() {
         entry.wake_all();
     }
 }
@@ -352,8 +377,8 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
             () = scan => follow_slots(&strong, &subscriber, &link).await,
             message = messages.recv() => match message {
                 Ok(message) => {
-                    let channels = strong.channels.lock();
-                    if let Some(entry) = channels.get(&*message.channel) {
+                    let mut channels = strong.channels.lock();
+                    if let Some(entry) = channels.get_mut(&*message.channel) {
                         entry.deliver(message.value.as_bytes().unwrap_or_default());
                     }
                 }

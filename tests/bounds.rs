@@ -13,6 +13,8 @@ use tokio::time::Instant;
 
 const COMMAND_TIMEOUT: Duration = Duration::from_millis(500);
 const NODE_TIMEOUT: Duration = Duration::from_millis(300);
+/// The watchdog's lease: `acquire` rides through errors for that long.
+const LEASE: Duration = Duration::from_secs(3);
 /// Room for a loaded 2-core machine; far below what an unbounded wait would take.
 const MARGIN: Duration = Duration::from_millis(400);
 
@@ -76,7 +78,7 @@ async fn check(topology: Topology, fault: Fault) {
     let mut servers: Vec<RedisServer> = (0..count).map(|_| RedisServer::start()).collect();
     let proxies = support::proxy::in_front_of(&servers).await;
     let config = LockConfig::default()
-        .watchdog_timeout(Duration::from_secs(10))
+        .watchdog_timeout(LEASE)
         .command_timeout(COMMAND_TIMEOUT);
     let locks = match topology {
         Topology::Single => Locks::One(LockClient::connect_with(&proxies[0].url(), config).await.unwrap()),
@@ -122,7 +124,9 @@ async fn check(topology: Topology, fault: Fault) {
     )
     .await;
     failed("try_acquire_for", outcome);
-    let outcome = within(&format!("{label} acquire"), locks.attempt_bound(), lock.acquire()).await;
+    // Transient errors are tried again for a lease of them in a row, the last try at its end.
+    let acquire_bound = LEASE + locks.attempt_bound() * 2;
+    let outcome = within(&format!("{label} acquire"), acquire_bound, lock.acquire()).await;
     failed("acquire", outcome);
     let outcome = within(
         &format!("{label} is_locked"),

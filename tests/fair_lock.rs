@@ -599,3 +599,54 @@ async fn a_short_fixed_lease_waiter_keeps_its_place() {
         .unwrap();
     assert!(guard.is_held());
 }
+
+/// Holders with a fixed lease shorter than the heartbeat, none releasing: each lease's end is the
+/// next waiter's turn, at once. Nobody announces a lease that runs out, and the waiter behind a
+/// granted one slept on that one's heartbeat (about a `watchdog_timeout`: 30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_moves_at_the_end_of_each_fixed_lease() {
+    let server = RedisServer::start();
+    let config = relock::LockConfig::default(); // 30 s heartbeats
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(
+            LockClient::connect_with(&server.url(), config.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let name = unique_name("fixed-leases");
+    let lease = Duration::from_secs(1);
+    let start = Instant::now();
+    let _holder = clients[0].fair_lock(&name).lease(lease).acquire().await.unwrap();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for (i, client) in clients.iter().enumerate().skip(1) {
+        let (lock, tx) = (client.fair_lock(&name).lease(lease), tx.clone());
+        tokio::spawn(async move {
+            let guard = lock.acquire().await.unwrap();
+            let _ = tx.send((i, start.elapsed()));
+            // Never released: the lease runs out.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(guard);
+        });
+        assert!(
+            support::eventually(Duration::from_secs(5), || queued(&server, &name) == i as i64).await,
+            "waiter {i} queued"
+        );
+    }
+    let mut granted = Vec::new();
+    while granted.len() < 3 {
+        match tokio::time::timeout(Duration::from_secs(20), rx.recv()).await {
+            Ok(Some(grant)) => granted.push(grant),
+            _ => panic!("the queue stuck: granted {granted:?}"),
+        }
+    }
+    assert_eq!(
+        granted.iter().map(|g| g.0).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "out of order: {granted:?}"
+    );
+    // About one lease apart (1, 2 and 3 s); the last one slept 30 s before.
+    let last = granted[2].1;
+    assert!(last < Duration::from_secs(7), "granted at {granted:?}");
+}

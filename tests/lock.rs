@@ -921,6 +921,117 @@ async fn an_unreachable_server_is_a_typed_error_within_the_bound() {
     assert!(start.elapsed() < Duration::from_secs(5));
 }
 
+/// A lone release whose reply comes too late (the server paused past the command timeout) still
+/// wakes the other client's waiter once the server runs it, not at the end of the lease that
+/// waiter saw: the `HDEL` ran, and the release's message must follow it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_answered_late_still_wakes_the_waiters() {
+    let server = RedisServer::start();
+    // A 10 s lease: a waiter that sleeps until it ran out would be granted seconds late.
+    let config = LockConfig::default()
+        .watchdog_timeout(Duration::from_secs(10))
+        .renew_interval(Duration::from_secs(2))
+        .command_timeout(Duration::from_millis(500));
+    let holder = LockClient::connect_with(&server.url(), config.clone())
+        .await
+        .unwrap();
+    let other = LockClient::connect_with(&server.url(), config).await.unwrap();
+    let name = unique_name("late-release");
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    let waiter = {
+        let lock = other.lock(&name);
+        tokio::spawn(async move { lock.acquire().await.map(|g| (Instant::now(), g)) })
+    };
+    // Refused, marked the hold, subscribed and asleep.
+    let key = lock_key(&name);
+    assert!(
+        eventually(Duration::from_secs(5), || server.cmd(&["HLEN", &key]).as_int()
+            == Some(2))
+        .await
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.pause();
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.resume();
+    let resumed = Instant::now();
+    let (at, granted) = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("the waiter was granted")
+        .unwrap()
+        .unwrap();
+    let late = at.duration_since(resumed);
+    assert!(
+        late < Duration::from_secs(3),
+        "granted {late:?} after the server resumed"
+    );
+    assert!(granted.is_held());
+}
+
+/// A waiting acquisition rides through transient errors until its bound: a server paused past
+/// the command timeout answers later, and the waiter is granted then, not failed at its first
+/// timeout. An error that waiting cannot cure (a key of another type) ends it at once; a bound
+/// that ends during the errors returns the last one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bounded_waits_keep_trying_through_transient_errors() {
+    let server = RedisServer::start();
+    let config = support::fast_config().command_timeout(Duration::from_millis(300));
+    let client = LockClient::connect_with(&server.url(), config).await.unwrap();
+
+    for wait in [Some(Duration::from_secs(10)), None] {
+        let name = unique_name("through");
+        server.pause();
+        let lock = client.lock(&name);
+        let attempt = tokio::spawn(async move {
+            match wait {
+                Some(wait) => lock.try_acquire_for(wait).await,
+                None => lock.acquire().await.map(Some),
+            }
+        });
+        // Several attempts time out meanwhile (a lease of errors is 1.5 s: `acquire` rides
+        // through a second).
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        server.resume();
+        let resumed = Instant::now();
+        let granted = tokio::time::timeout(Duration::from_secs(10), attempt)
+            .await
+            .expect("bounded")
+            .unwrap()
+            .unwrap_or_else(|err| panic!("{wait:?}: failed with {err:?} instead of trying again"))
+            .expect("granted");
+        assert!(granted.is_held());
+        assert!(resumed.elapsed() < Duration::from_secs(3));
+        granted.release().await.unwrap();
+    }
+
+    // A bound that ends while the server is still paused: the last error.
+    server.pause();
+    let start = Instant::now();
+    let err = client
+        .lock(&unique_name("paused"))
+        .try_acquire_for(Duration::from_millis(1200))
+        .await;
+    server.resume();
+    assert!(matches!(err, Err(Error::Timeout(_))), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // Not transient: at once.
+    let foreign = unique_name("foreign");
+    server.cmd(&["SET", &lock_key(&foreign), "x"]);
+    let start = Instant::now();
+    let err = client
+        .lock(&foreign)
+        .try_acquire_for(Duration::from_secs(10))
+        .await;
+    assert!(matches!(err, Err(Error::WrongType(_))), "{err:?}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_is_a_typed_error_and_writes_nothing() {
     let server = RedisServer::start();

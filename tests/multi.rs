@@ -382,7 +382,10 @@ async fn masters_restarted_empty_sit_out_for_the_longest_lease() {
         .try_acquire_for(Duration::from_millis(500))
         .await;
     assert!(
-        matches!(refused, Err(Error::Quorum { .. }) | Ok(None)),
+        matches!(
+            refused,
+            Err(Error::Quorum { .. } | Error::Quarantine { .. }) | Ok(None)
+        ),
         "{refused:?}"
     );
     // Without the rule, the two empty masters make a majority: two holders at once.
@@ -661,5 +664,53 @@ async fn a_master_restarted_before_a_client_connects_sits_out_on_first_sight() {
     assert!(
         stolen.is_some() && guard.is_held(),
         "the control case should show the hazard"
+    );
+}
+
+/// Masters started a moment ago sit out the restart quarantine (about a lease): an acquisition
+/// waits it out instead of failing at once, a bounded wait too short for it names the quarantine
+/// and its end, and an attempt sends nothing meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_deployment_waits_out_the_quarantine() {
+    let servers = servers(3);
+    let lease = Duration::from_secs(3);
+    let config = quorum_config()
+        .restart_quarantine(true)
+        .lock_config(lock_config().watchdog_timeout(lease));
+    let multi = multi_with(&servers, config).await;
+    let name = unique_name("fresh");
+    let err = multi
+        .lock(&name)
+        .try_acquire_for(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    let Error::Quarantine {
+        voting,
+        needed: 2,
+        nodes: 3,
+        ends_in,
+    } = err
+    else {
+        panic!("{err:?}");
+    };
+    assert!(voting < 2 && ends_in <= lease, "{err:?}");
+    assert!(err.is_transient());
+    let text = err.to_string();
+    assert!(text.contains("quarantine") && text.contains("ends in"), "{text}");
+    assert!(
+        servers.iter().all(|s| !s.exists(&lock_key(&name))),
+        "an attempt wrote"
+    );
+
+    let start = Instant::now();
+    let guard = tokio::time::timeout(lease + Duration::from_secs(5), multi.lock(&name).acquire())
+        .await
+        .expect("the quarantine was waited out")
+        .expect("granted once the masters may vote");
+    assert!(guard.is_held());
+    assert!(
+        start.elapsed() <= lease + Duration::from_secs(2),
+        "took {:?}",
+        start.elapsed()
     );
 }

@@ -111,6 +111,123 @@ async fn a_release_wakes_every_waiter_it_can_serve() {
     }
 }
 
+/// A waiter short of permits makes no attempt until a release or a lease's end: it does not wake
+/// itself (3 permits, 2 held, 2 asked: thousands of script calls a second before), and two such
+/// waiters of one client do not wake each other after a release that frees too few.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_short_of_permits_do_not_spin() {
+    let server = RedisServer::start();
+    // 30 s leases: no waiter's timer runs out during the test.
+    let holder = client(&server.url(), LockConfig::default()).await;
+    let name = unique_name("short");
+    let semaphore = holder.semaphore(&name, 3);
+    let mut held = vec![
+        semaphore.acquire(1).await.unwrap(),
+        semaphore.acquire(1).await.unwrap(),
+    ];
+    let c = client(&server.url(), LockConfig::default()).await;
+
+    // One waiter, one permit free, two asked.
+    let calls = server.script_calls();
+    let got = c
+        .semaphore(&name, 3)
+        .try_acquire_for(2, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(got.is_none(), "granted 2 of 1 free");
+    let made = server.script_calls() - calls;
+    assert!(
+        made <= 6,
+        "a one-second wait short of permits made {made} script calls"
+    );
+
+    // Two waiters of one client, each asking for 2, with 1 free; then a release frees a second
+    // permit... for only one of them.
+    held.push(semaphore.acquire(1).await.unwrap());
+    let mut waiters = Vec::new();
+    for _ in 0..2 {
+        let semaphore = c.semaphore(&name, 3);
+        waiters.push(tokio::spawn(async move {
+            semaphore.acquire(2).await.expect("acquire")
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let calls = server.script_calls();
+    held.pop().unwrap().release().await.unwrap(); // 1 free: too few for either
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let made = server.script_calls() - calls;
+    assert!(
+        made <= 8,
+        "a release that freed too few made two waiters run {made} script calls in a second"
+    );
+    assert!(waiters.iter().all(|w| !w.is_finished()), "granted 2 of 1 free");
+    // A second permit back: one waiter is served at once, by the release's message.
+    let released = Instant::now();
+    held.pop().unwrap().release().await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if let Some(i) = waiters.iter().position(|w| w.is_finished()) {
+                return waiters.remove(i).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("a waiter was served by the release");
+    assert!(released.elapsed() < Duration::from_secs(3));
+    assert_eq!(first.permits(), 2);
+    assert!(first.is_held());
+    drop(held);
+    first.release().await.unwrap();
+    let second = tokio::time::timeout(Duration::from_secs(5), waiters.pop().unwrap())
+        .await
+        .expect("the other waiter was served once its permits were back")
+        .unwrap();
+    assert!(second.is_held());
+}
+
+/// A release that wakes a waiter who cannot use what it freed reaches a waiter of the same client
+/// who can, at once (not at the end of a holder's lease).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_short_of_permits_passes_a_release_on() {
+    let server = RedisServer::start();
+    let holder = client(&server.url(), LockConfig::default()).await;
+    let name = unique_name("relay");
+    let semaphore = holder.semaphore(&name, 2);
+    let (one, two) = (
+        semaphore.acquire(1).await.unwrap(),
+        semaphore.acquire(1).await.unwrap(),
+    );
+    let c = client(&server.url(), LockConfig::default()).await;
+    // Whichever of the two the message wakes first, the one asking for 1 must get it.
+    let big = {
+        let semaphore = c.semaphore(&name, 2);
+        tokio::spawn(async move { semaphore.acquire(2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let small = {
+        let semaphore = c.semaphore(&name, 2);
+        tokio::spawn(async move { semaphore.acquire(1).await.map(|p| (Instant::now(), p)) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    one.release().await.unwrap();
+    let (at, permit) = tokio::time::timeout(Duration::from_secs(10), small)
+        .await
+        .expect("the small waiter was served")
+        .unwrap()
+        .unwrap();
+    assert!(
+        at.duration_since(released) < Duration::from_secs(3),
+        "served {:?} after the release",
+        at.duration_since(released)
+    );
+    assert!(permit.is_held());
+    assert!(!big.is_finished());
+    big.abort();
+    drop(two);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_its_lease() {
     let server = RedisServer::start();

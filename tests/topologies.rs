@@ -291,6 +291,98 @@ async fn cluster_failover_with_synced_replicas_keeps_the_lock() {
     b.shutdown().await;
 }
 
+/// With synced writes, a semaphore's acquisition goes on the connection its undo takes (the
+/// synced one, which runs the `WAIT`s): an undo sent after an acquisition whose reply was lost can
+/// then never run before it and leave the permit taken for a lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synced_semaphore_acquisition_shares_its_undos_connection() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let group = tokio::task::spawn_blocking(|| Replicated::start(1))
+        .await
+        .unwrap();
+    let client = LockClient::connect_with(
+        &group.primary.url(),
+        config(Duration::from_secs(30)).sync_replicas(1),
+    )
+    .await
+    .unwrap();
+    // Every command the primary runs, with the address of the connection that sent it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let monitor = {
+        let (port, stop) = (group.primary.port(), stop.clone());
+        std::thread::spawn(move || {
+            let stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+            stream.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+            (&stream).write_all(&support::encode(&["MONITOR"])).unwrap();
+            let mut lines = Vec::new();
+            let mut reader = BufReader::new(stream);
+            while !stop.load(Ordering::SeqCst) {
+                let mut line = String::new();
+                if reader.read_line(&mut line).is_ok() && !line.is_empty() {
+                    lines.push(line);
+                }
+            }
+            lines
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let name = unique_name("synced-sem");
+    client
+        .lock(&name)
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    client
+        .semaphore(&name, 2)
+        .acquire(1)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    let lines = tokio::task::spawn_blocking(move || monitor.join().unwrap())
+        .await
+        .unwrap();
+    let from = |line: &str| {
+        line.split(['[', ']'])
+            .nth(1)
+            .and_then(|s| s.split(' ').nth(1))
+            .map(str::to_string)
+    };
+    let waits: Vec<String> = lines
+        .iter()
+        .filter(|l| l.contains("\"WAIT\""))
+        .filter_map(|l| from(l))
+        .collect();
+    let sem_index = format!("relock:{{{name}}}:sem\"");
+    let acquisitions: Vec<String> = lines
+        .iter()
+        .filter(|l| {
+            l.contains(&sem_index)
+                && (l.contains("\"EVALSHA\"") || l.contains("\"FCALL\"") || l.contains("\"evalsha\""))
+        })
+        .filter_map(|l| from(l))
+        .collect();
+    assert!(!waits.is_empty(), "no WAIT seen: {lines:#?}");
+    assert!(
+        !acquisitions.is_empty(),
+        "no semaphore acquisition seen: {lines:#?}"
+    );
+    for addr in &acquisitions {
+        assert!(
+            waits.contains(addr),
+            "the acquisition came from {addr}, the WAITs from {waits:?}"
+        );
+    }
+}
+
 /// A shortfall: with the only replica paused, an acquisition that asks for one replica fails
 /// within `sync_timeout` (plus margin) and leaves no key; asking for two replicas with one attached
 /// fails the same way. Unpaused, it is granted, and the replica has the lock by then.
