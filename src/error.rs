@@ -91,6 +91,16 @@ pub enum Error {
     /// block a runtime thread (and could deadlock it): use the async API there.
     #[error("a blocking relock call was made from inside an async runtime; use the async API there")]
     InsideRuntime,
+    /// The server at `addr` could not be reached at connect: the connection was refused, its host
+    /// name did not resolve, or the TLS handshake failed (`reason` says which, as a sentence).
+    /// Reported at the first failed connection, not at the end of the command timeout.
+    #[error("could not connect to {addr}: {reason}")]
+    Connect {
+        /// The server, as `host:port`.
+        addr: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The client was shut down.
     #[error("the lock client was shut down")]
     Shutdown,
@@ -124,7 +134,8 @@ impl Error {
             Error::Timeout(_)
             | Error::Quorum { .. }
             | Error::Quarantine { .. }
-            | Error::ReplicaSync { .. } => true,
+            | Error::ReplicaSync { .. }
+            | Error::Connect { .. } => true,
             Error::Redis(err) => {
                 use fred::error::ErrorKind;
                 match err.kind() {

@@ -104,6 +104,14 @@ impl LockGuard {
         st.deadline.saturating_duration_since(Instant::now())
     }
 
+    /// The instant the lease stops being safe, on the monotonic clock, as [`validity`](Self::validity)
+    /// counts it: each renewal moves it on, and while renewals fail it stays put, so work raced
+    /// against it (`tokio::time::timeout_at(guard.valid_until(), work)`) stops before the lease
+    /// ends, not when the loss is noticed. Now (or earlier) once lost.
+    pub fn valid_until(&self) -> Instant {
+        Instant::now() + self.validity()
+    }
+
     /// Completes when the lease is lost (renewal failed or found the lock gone, or the lease ran out),
     /// at once if it is lost already. Never completes while the lease is held.
     pub async fn lost(&self) {

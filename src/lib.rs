@@ -62,7 +62,7 @@
 //!   `waited_us`, `token`, `outcome`), every awaited or background release in a `release` span,
 //!   and each watchdog round in a `watchdog_round` span; relock's events nest in them.
 //! - **Metrics** (feature `metrics`): counters, gauges and histograms through the `metrics` facade,
-//!   listed in the README; [`LockConfig::metrics_lock_names`] adds the lock's name as a label.
+//!   listed in `docs/operating.md`; [`LockConfig::metrics_lock_names`] adds the lock's name as a label.
 //! - **Inspection**: [`LockClient::inspect`] and [`LockClient::held_locks`] read who holds what
 //!   (and their kin for fair locks, read-write locks and semaphores); the `relock` binary (feature
 //!   `cli`) prints them, force-unlocks and watches a lock.
@@ -74,6 +74,13 @@
 
 mod batch;
 pub mod blocking;
+
+// The README's examples are compiled with the doctests: the quick start and the blocking program
+// as they stand (`no_run`: they need a server), the snippets that assume a `client` not at all.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 mod client;
 mod config;
 mod core;

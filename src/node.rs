@@ -156,6 +156,7 @@ impl Node {
     /// Builds the clients of a node from a URL (a server, a cluster or a sentinel group) and starts
     /// connecting; `Err` only for a bad URL. `timeout` bounds every request to the node.
     pub(crate) fn build(url: &str, timeout: Duration, sync: Option<SyncReplicas>) -> Result<Node, Error> {
+        check_scheme(url)?;
         check_tls(url)?;
         let mut config =
             Config::from_url(url).map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
@@ -303,7 +304,16 @@ impl Node {
             loop {
                 match errors.recv().await {
                     Ok((err, _)) if *err.kind() == fred::error::ErrorKind::Auth => return Error::Redis(err),
-                    Ok((err, _)) => *last_error.lock() = Some(err),
+                    // Nobody listens there, no such host, no TLS there: no reason to wait.
+                    Ok((err, _)) => match connect_failure(&err) {
+                        Some(reason) => {
+                            return Error::Connect {
+                                addr: self.server.to_string(),
+                                reason,
+                            }
+                        }
+                        None => *last_error.lock() = Some(err),
+                    },
                     Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => std::future::pending::<()>().await,
                 }
@@ -352,6 +362,15 @@ impl Node {
             Ok(done) => done,
             Err(_) => match last_error.lock().take() {
                 Some(err) if !link.client.is_connected() => Err(Error::Redis(err)),
+                // A plaintext server reads a TLS hello as the start of a command and waits for
+                // its end: the handshake neither completes nor fails.
+                None if !link.client.is_connected() && uses_tls(&link.client) => Err(Error::Connect {
+                    addr: self.server.to_string(),
+                    reason: format!(
+                        "the TLS handshake did not complete within {timeout:?}; a rediss:// URL needs a \
+                         server that speaks TLS on that port"
+                    ),
+                }),
                 _ => Err(Error::Timeout(timeout)),
             },
         }
@@ -867,6 +886,84 @@ const BACKSTOP: Duration = Duration::from_millis(20);
 /// was built without a TLS feature, since fred would then only log a warning and connect in plaintext.
 /// With `tls-rustls`, makes sure rustls has a process-wide crypto provider (ring) before fred builds
 /// its TLS configuration from the URL, which would panic without one.
+/// Whether the client connects over TLS.
+fn uses_tls(client: &Client) -> bool {
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native"))]
+    {
+        client.client_config().tls.is_some()
+    }
+    #[cfg(not(any(feature = "tls-rustls", feature = "tls-native")))]
+    {
+        let _ = client;
+        false
+    }
+}
+
+/// What a failed connection says as a sentence, if it is one that waiting will not cure soon: a
+/// refused connection, a host name that does not resolve, a TLS handshake that failed.
+fn connect_failure(err: &fred::error::Error) -> Option<String> {
+    let details = err.details();
+    let lower = details.to_ascii_lowercase();
+    if lower.contains("connectionrefused") || lower.contains("connection refused") {
+        return Some("connection refused (is a redis-server listening there?)".into());
+    }
+    if lower.contains("failed to lookup address")
+        || lower.contains("name or service not known")
+        || lower.contains("no address associated")
+        || lower.contains("nodename nor servname")
+    {
+        return Some("the host name could not be resolved".into());
+    }
+    let tls = format!("{:?}", err.kind()) == "Tls";
+    if tls
+        || lower.contains("invalidcontenttype")
+        || lower.contains("corruptmessage")
+        || lower.contains("handshake")
+        || lower.contains("wrong version number")
+    {
+        return Some(format!(
+            "the TLS handshake failed ({details}); a rediss:// URL needs a server that speaks TLS on that port"
+        ));
+    }
+    None
+}
+
+/// The URL schemes fred understands, for a server, a cluster and a sentinel group, each also over
+/// TLS (`rediss`), and Valkey's names for the same.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redis-cluster",
+    "rediss-cluster",
+    "redis-sentinel",
+    "rediss-sentinel",
+    "valkey",
+    "valkeys",
+    "valkey-cluster",
+    "valkeys-cluster",
+    "valkey-sentinel",
+    "valkeys-sentinel",
+];
+
+/// Refuses a URL whose scheme is none of [`SCHEMES`] before any I/O: fred would take `http://` for
+/// a plain server.
+fn check_scheme(url: &str) -> Result<(), Error> {
+    match url
+        .split_once("://")
+        .map(|(scheme, _)| scheme.to_ascii_lowercase())
+    {
+        Some(scheme) if SCHEMES.contains(&scheme.as_str()) => Ok(()),
+        Some(scheme) => Err(Error::InvalidConfig(format!(
+            "redis url {url:?}: unknown scheme {scheme}://; use redis://, rediss:// (TLS), \
+             redis-cluster:// or redis-sentinel:// (or their rediss- forms)"
+        ))),
+        None => Err(Error::InvalidConfig(format!(
+            "redis url {url:?} has no scheme; use redis://host:port, rediss://host:port (TLS), \
+             redis-cluster://host:port or redis-sentinel://host:port"
+        ))),
+    }
+}
+
 fn check_tls(url: &str) -> Result<(), Error> {
     let scheme = url
         .split_once("://")

@@ -262,6 +262,11 @@ impl Permit {
         self.guard.validity()
     }
 
+    /// The instant its lease stops being safe (see [`LockGuard::valid_until`]).
+    pub fn valid_until(&self) -> tokio::time::Instant {
+        self.guard.valid_until()
+    }
+
     /// Completes when its lease is lost (renewal failed or found it gone, or the lease ran out).
     pub async fn lost(&self) {
         self.guard.lost().await;

@@ -231,8 +231,11 @@ async fn missing_locks_bad_names_and_bad_urls_have_their_exit_codes() {
     let unreachable = relock(&["--url", &refused, "--timeout", "1", "list"], "").await;
     assert_eq!(code(&unreachable), Some(3), "{unreachable:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
+    // A URL that is no URL, or of another scheme, is bad input: refused before any I/O.
     let garbage = relock(&["--url", "not a url", "list"], "").await;
-    assert_eq!(code(&garbage), Some(3), "{garbage:?}");
+    assert_eq!(code(&garbage), Some(2), "{garbage:?}");
+    let http = relock(&["--url", &url.replace("redis://", "http://"), "list"], "").await;
+    assert_eq!(code(&http), Some(2), "{http:?}");
 
     let client = client(&url).await;
     assert!(matches!(client.inspect("").await, Err(Error::InvalidName(_))));

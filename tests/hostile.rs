@@ -473,3 +473,41 @@ async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
         .unwrap();
     assert!(guard.is_some(), "the lock is free again");
 }
+
+/// A connect that cannot work says so at once, as a sentence naming the address: a refused
+/// connection and a name that does not resolve within a second (not at the end of the command
+/// timeout), and a URL of another scheme before any I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_failures_are_prompt_sentences_naming_the_address() {
+    let config = LockConfig::default().command_timeout(Duration::from_secs(5));
+    let port = support::free_port();
+    for (url, addr, says) in [
+        (
+            format!("redis://127.0.0.1:{port}"),
+            format!("127.0.0.1:{port}"),
+            "connection refused",
+        ),
+        (
+            "redis://no-such-host.invalid:6379".to_string(),
+            "no-such-host.invalid:6379".to_string(),
+            "could not be resolved",
+        ),
+    ] {
+        let start = Instant::now();
+        let err = LockClient::connect_with(&url, config.clone()).await.unwrap_err();
+        let took = start.elapsed();
+        assert!(took < Duration::from_secs(1), "{url}: {err} after {took:?}");
+        let text = err.to_string();
+        assert!(matches!(err, Error::Connect { .. }), "{url}: {err:?}");
+        assert!(text.contains(&addr) && text.contains(says), "{url}: {text}");
+        assert!(!text.contains("Os {"), "a Debug dump: {text}");
+        assert!(err.is_transient());
+    }
+    for url in ["http://127.0.0.1:6379", "ftp://127.0.0.1:6379", "127.0.0.1:6379"] {
+        let start = Instant::now();
+        let err = LockClient::connect_with(url, config.clone()).await.unwrap_err();
+        assert!(matches!(err, Error::InvalidConfig(_)), "{url}: {err:?}");
+        assert!(err.to_string().contains("redis://"), "{err}");
+        assert!(start.elapsed() < Duration::from_millis(100));
+    }
+}

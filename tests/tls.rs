@@ -29,7 +29,7 @@ async fn failed_connect(url: &str) -> Error {
     println!("{url}: {err} (after {elapsed:?})");
     assert!(elapsed < PROMPT, "the connect to {url} took {elapsed:?}: {err}");
     assert!(
-        matches!(err, Error::Redis(_) | Error::Timeout(_)),
+        matches!(err, Error::Redis(_) | Error::Timeout(_) | Error::Connect { .. }),
         "{url}: {err:?}"
     );
     err
@@ -146,7 +146,11 @@ async fn rediss_checks_the_server_certificate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_to_a_plaintext_port_fails_promptly_and_sends_no_command() {
     let server = RedisServer::start();
-    failed_connect(&format!("rediss://127.0.0.1:{}", server.port())).await;
+    let err = failed_connect(&format!("rediss://127.0.0.1:{}", server.port())).await;
+    assert!(
+        matches!(&err, Error::Connect { reason, .. } if reason.contains("TLS")),
+        "no word about TLS: {err}"
+    );
     // Had the client fallen back to plaintext, the server would have run its commands.
     let Reply::Str(stats) = server.cmd(&["INFO", "commandstats"]) else {
         panic!("INFO");

@@ -76,8 +76,8 @@ Exit codes:
   0  done
   1  not found or nothing to do (show of a name with no lock, latch or semaphore; unlock of a lock
      nobody holds)
-  2  usage error (bad arguments, lock name or prefix)
-  3  connection or Redis error (also a bad URL, or a key that is not a relock lock)
+  2  usage error (bad arguments, lock name, prefix or URL)
+  3  connection or Redis error (also a key that is not a relock lock)
   4  confirmation refused (unlock)";
 
 /// Inspect and manage relock's distributed locks in Redis.
@@ -227,7 +227,8 @@ async fn run(cli: Cli) -> u8 {
         Ok(client) => client,
         Err(err) => {
             eprintln!("relock: cannot use {}: {err}", redact(&cli.url));
-            return REDIS;
+            // A URL that is no URL is a usage error, found before any I/O.
+            return if err.is_bad_input() { USAGE } else { REDIS };
         }
     };
     let outcome = match &cli.command {

@@ -3,9 +3,9 @@
 //! this program starts itself.
 //!
 //! ```sh
-//! cargo bench --bench locks -- --quick                  # everything, 1 s per row (under 2 minutes)
-//! cargo bench --bench locks                             # everything, 8 s per row (about 10 minutes)
-//! cargo bench --bench locks -- --quick --only hot,floor # only these workloads
+//! cargo bench -p relock-bench -- --quick                  # everything, 1 s per row (under 2 minutes)
+//! cargo bench -p relock-bench                             # everything, 8 s per row (about 10 minutes)
+//! cargo bench -p relock-bench -- --quick --only hot,floor # only these workloads
 //! ```
 //!
 //! Prints a Markdown table (rows, then the targets computed from this run's rows); writes
@@ -214,7 +214,7 @@ fn main() {
 
         let targets = report::targets(&rows);
         println!("{}", report::markdown(&rows, &targets));
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench");
         std::fs::create_dir_all(&dir).expect("target/bench");
         std::fs::write(
             dir.join("locks.json"),
