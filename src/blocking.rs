@@ -395,6 +395,15 @@ impl Lock {
         }
     }
 
+    /// Whether an acquisition by the owner that holds this lock already joins its hold, as
+    /// [`Lock::reentrant`](crate::Lock::reentrant).
+    pub fn reentrant(self, on: bool) -> Lock {
+        Lock {
+            inner: self.inner.reentrant(on),
+            shared: self.shared,
+        }
+    }
+
     /// Acquires on behalf of `owner` instead of the calling thread: every acquisition with the same
     /// owner (through this client) joins one reentrant hold, whichever thread makes it.
     pub fn owner(self, owner: Owner) -> Lock {

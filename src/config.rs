@@ -54,6 +54,7 @@ pub struct LockConfig {
     handoff_window: Duration,
     unrecorded_handoffs: u32,
     functions: bool,
+    reentrant: bool,
 }
 
 impl Default for LockConfig {
@@ -71,6 +72,7 @@ impl Default for LockConfig {
             handoff_window: Duration::from_millis(20),
             unrecorded_handoffs: 7,
             functions: true,
+            reentrant: true,
         }
     }
 }
@@ -203,6 +205,25 @@ impl LockConfig {
     /// [`unrecorded_handoffs`](LockConfig::unrecorded_handoffs)).
     pub fn get_unrecorded_handoffs(&self) -> u32 {
         self.unrecorded_handoffs
+    }
+
+    /// Whether a lock's acquisition by the owner that holds it already joins its hold (true, the
+    /// default: Redisson's model, so a call chain can take the lock again deeper down), or fails at
+    /// once with [`Error::AlreadyHeld`](crate::Error::AlreadyHeld) and sends nothing (false). A
+    /// lock can say otherwise for itself ([`Lock::reentrant`](crate::Lock::reentrant)).
+    ///
+    /// Owners are tasks by default, so futures joined or selected inside one task (`join!`,
+    /// `select!`, `FuturesUnordered`) are one owner: reentrant, they all hold the lock at once;
+    /// not reentrant, all but the first fail, loudly. Give each its own [`Owner`](crate::Owner)
+    /// to make them exclude each other.
+    pub fn reentrant(mut self, on: bool) -> Self {
+        self.reentrant = on;
+        self
+    }
+
+    /// Whether acquisitions are reentrant (see [`reentrant`](LockConfig::reentrant)).
+    pub fn get_reentrant(&self) -> bool {
+        self.reentrant
     }
 
     /// Run the locks' common calls as a function of relock's own Redis Functions library where the

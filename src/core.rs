@@ -194,6 +194,7 @@ impl Core {
         keys: &Arc<LockKeys>,
         owner: &Str,
         mode: LeaseMode,
+        reentrant: bool,
         until: Option<Instant>,
     ) -> Result<Attempt, Error> {
         if self.is_closed() {
@@ -204,6 +205,11 @@ impl Core {
                 .within(until, self.open_hold(keys, owner))
                 .await
                 .ok_or(Error::Timeout(Duration::ZERO))??;
+            // Looked at with the hold's operations held: of two acquisitions of one owner at once
+            // (futures joined in one task), the second sees the first one's grant.
+            if !reentrant && hold.state.lock().active() {
+                return Err(Error::AlreadyHeld(keys.name.to_string()));
+            }
             let start = Instant::now();
             let own_bound = start + self.masters.attempt_bound();
             let bound = until.map_or(own_bound, |until| until.min(own_bound));

@@ -77,6 +77,14 @@ pub enum Error {
     /// changed in Redis.
     #[error("the read-write lock {0} is read by this owner, which cannot take its write lock")]
     Upgrade(String),
+    /// The owner asked for a lock it holds already, and the lock is not reentrant (see
+    /// [`LockConfig::reentrant`](crate::LockConfig::reentrant)): waiting would wait for itself.
+    /// Nothing was sent. Futures joined inside one task are one owner: give each its own
+    /// [`Owner`](crate::Owner).
+    #[error(
+        "the lock {0} is held by this owner already and is not reentrant (futures joined in one task are one owner: give each its own Owner)"
+    )]
+    AlreadyHeld(String),
     /// Fewer replicas than [`sync_replicas`](crate::LockConfig::sync_replicas) acknowledged an
     /// acquisition within `sync_timeout`. The grant was undone at once on the primary (should that
     /// undo fail, it is retried in the background): the caller holds nothing.

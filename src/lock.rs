@@ -61,6 +61,8 @@ pub struct Lock {
     keys: Arc<LockKeys>,
     lease: Option<Duration>,
     owner: Option<Owner>,
+    /// `None`: as the client's configuration says.
+    reentrant: Option<bool>,
 }
 
 impl Lock {
@@ -84,6 +86,7 @@ impl Lock {
             keys,
             lease: None,
             owner: None,
+            reentrant: None,
         }
     }
 
@@ -118,6 +121,30 @@ impl Lock {
     /// (through this client) joins one reentrant hold, whichever task makes it.
     pub fn owner(mut self, owner: Owner) -> Lock {
         self.owner = Some(owner);
+        self
+    }
+
+    /// Whether an acquisition by the owner that holds this lock already joins its hold (true) or
+    /// fails at once with [`Error::AlreadyHeld`] (false); by default as
+    /// [`LockConfig::reentrant`](crate::LockConfig::reentrant) says (true).
+    ///
+    /// ```no_run
+    /// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
+    /// let lock = client.lock("report").reentrant(false);
+    /// // One task, so one owner: the second fails instead of sharing the first one's hold.
+    /// let (a, b) = tokio::join!(lock.acquire(), lock.acquire());
+    /// assert!(a.is_ok() != b.is_ok());
+    /// // Each its own owner: they exclude each other, one after the other.
+    /// let first = relock::Owner::new().scope(async { lock.acquire().await.map(drop) });
+    /// let second = relock::Owner::new().scope(async { lock.acquire().await.map(drop) });
+    /// let (a, b) = tokio::join!(first, second);
+    /// a?;
+    /// b?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reentrant(mut self, on: bool) -> Lock {
+        self.reentrant = Some(on);
         self
     }
 
@@ -383,7 +410,8 @@ impl Lock {
                     split: false,
                 }),
                 None => {
-                    let attempt = self.core.attempt(&keys, &owner, mode, until).await;
+                    let reentrant = self.reentrant.unwrap_or(self.core.config.get_reentrant());
+                    let attempt = self.core.attempt(&keys, &owner, mode, reentrant, until).await;
                     if attempt.is_ok() {
                         // The release message that woke this waiter, if one did, is used.
                         wake_up.0 = None;

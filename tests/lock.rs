@@ -1208,3 +1208,63 @@ async fn dropping_a_nested_guard_then_releasing_the_outer_one_succeeds() {
         assert!(!lock.is_locked().await.unwrap());
     }
 }
+
+/// Reentrancy you choose: by default an owner re-enters its hold (and futures joined in one task
+/// are one owner); a lock made non-reentrant, by itself or by the client's configuration, refuses
+/// the second acquisition at once with `AlreadyHeld` and sends nothing, and owners of their own
+/// still exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentrancy_can_be_turned_off_per_lock_and_per_client() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let name = unique_name("joined");
+    let lock = client.lock(&name);
+    // The default: joined futures share one hold.
+    let (a, b) = tokio::join!(lock.acquire(), lock.acquire());
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(b.hold_count().max(a.hold_count()), 2);
+    drop((a, b));
+    assert!(eventually(Duration::from_secs(3), || !server.exists(&lock_key(&name))).await);
+
+    let strict = client.lock(&name).reentrant(false);
+    let (a, b) = tokio::join!(strict.acquire(), strict.acquire());
+    let (held, refused) = match (a, b) {
+        (Ok(guard), Err(err)) | (Err(err), Ok(guard)) => (guard, err),
+        other => panic!("one of two should be refused: {other:?}"),
+    };
+    assert!(
+        matches!(&refused, Error::AlreadyHeld(n) if *n == name),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("Owner"), "{refused}");
+    assert!(!refused.is_transient());
+    assert_eq!(held.hold_count(), 1);
+    let calls = server.script_calls();
+    assert!(matches!(strict.try_acquire().await, Err(Error::AlreadyHeld(_))));
+    assert_eq!(server.script_calls(), calls, "a refused re-entry sent something");
+    // Owners of their own wait for each other instead.
+    let other = Owner::new().scope(async {
+        let lock = client.lock(&name).reentrant(false);
+        lock.acquire().await.map(|g| (Instant::now(), g))
+    });
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let at = Instant::now();
+        held.release().await.unwrap();
+        at
+    });
+    let (granted_at, guard) = other.await.unwrap();
+    assert!(granted_at >= released.await.unwrap(), "granted while held");
+    drop(guard);
+
+    // The same as the client's default.
+    let strict_client = LockClient::connect_with(&server.url(), support::fast_config().reentrant(false))
+        .await
+        .unwrap();
+    let lock = strict_client.lock(&unique_name("strict-client"));
+    let _guard = lock.acquire().await.unwrap();
+    assert!(matches!(lock.acquire().await, Err(Error::AlreadyHeld(_))));
+    // A lock may still ask for reentrancy itself.
+    let again = lock.clone().reentrant(true).acquire().await.unwrap();
+    assert_eq!(again.hold_count(), 2);
+}
