@@ -17,6 +17,7 @@ use crate::Error;
 /// (see the crate's architecture notes). Must run inside a tokio runtime.
 pub(crate) fn start_core(masters: Masters, config: LockConfig, owns_clients: bool) -> Arc<Core> {
     let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
+    crate::telemetry::register();
     let core = Arc::new(Core::new(masters, config, owns_clients, jobs));
     tokio::spawn(crate::watchdog::run(Arc::downgrade(&core)));
     tokio::spawn(crate::releaser::run(rx));

@@ -300,7 +300,8 @@ impl Lock {
             token = Empty,
             outcome = Empty,
         );
-        let label = telemetry::label(&self.name, self.core.config.get_metrics_lock_names());
+        let kind = telemetry::Prim::of(&self.keys.kind);
+        let label = telemetry::label(kind, &self.name, self.core.config.get_metrics_lock_names());
         let report = AcquireReport::start(label, span.clone());
         let result = self.attempts(wait, &report).instrument(span).await;
         let (outcome, token) = match &result {

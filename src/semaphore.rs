@@ -139,7 +139,32 @@ impl Semaphore {
         Ok(())
     }
 
+    /// An acquisition, counted in the figures (`kind="semaphore"`, see `telemetry.rs`).
     async fn acquire_with(&self, n: u64, wait: Wait) -> Result<Option<Permit>, Error> {
+        use crate::telemetry::{self, AcquireReport, Outcome, Prim};
+        let label = telemetry::label(
+            Prim::Semaphore,
+            &self.keys.name,
+            self.core.config.get_metrics_lock_names(),
+        );
+        let report = AcquireReport::start(label, tracing::Span::none());
+        let result = self.attempts(n, wait, &report).await;
+        let outcome = match &result {
+            Ok(Some(_)) => Outcome::Granted,
+            Ok(None) => Outcome::Refused,
+            Err(Error::Timeout(_)) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        };
+        report.finish(outcome, None);
+        result
+    }
+
+    async fn attempts(
+        &self,
+        n: u64,
+        wait: Wait,
+        report: &crate::telemetry::AcquireReport,
+    ) -> Result<Option<Permit>, Error> {
         self.check(n)?;
         // A holder of its own per acquisition: permits are not reentrant.
         let holder = Owner::new().id_for(&self.core.id);
@@ -150,6 +175,8 @@ impl Semaphore {
         let mut answered = false;
         let mut retries = Retries::new();
         let patience = self.core.config.get_watchdog_timeout();
+        // Counted in `relock_waiters` from the first refusal on.
+        let mut waiting = None;
         loop {
             if let Some(subscription) = &subscription {
                 armed = Some(subscription.armed());
@@ -202,6 +229,9 @@ impl Semaphore {
             };
             if wait.over() {
                 return Ok(None);
+            }
+            if waiting.is_none() {
+                waiting = Some(crate::telemetry::Waiting::start(report.label()));
             }
             if subscription.is_none() {
                 let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel, None);

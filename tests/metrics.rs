@@ -77,7 +77,7 @@ async fn a_scripted_run_is_counted() {
         .expect("connect");
     let (a, b, c) = (unique_name("a"), unique_name("b"), unique_name("c"));
     let label = |name: &str, extra: &str| {
-        let mut labels = vec![format!("lock={name}")];
+        let mut labels = vec![format!("lock={name}"), "kind=lock".to_string()];
         if !extra.is_empty() {
             labels.push(extra.to_string());
         }
@@ -225,6 +225,49 @@ async fn a_scripted_run_is_counted() {
     );
     assert!(
         figures.counter("relock_redis_calls_total{script=release}") >= 1,
+        "{:?}",
+        figures.counters
+    );
+
+    // Registered at zero when the clients started, for every kind: an alert has a series to watch.
+    for kind in ["lock", "fair", "read", "write", "semaphore"] {
+        for series in [
+            format!("relock_locks_lost_total{{kind={kind}}}"),
+            format!("relock_acquisitions_total{{kind={kind},outcome=granted}}"),
+        ] {
+            assert!(
+                figures.counters.contains_key(&series),
+                "{series} not registered: {:?}",
+                figures.counters.keys()
+            );
+        }
+        assert!(figures
+            .gauges
+            .contains_key(&format!("relock_waiters{{kind={kind}}}")));
+    }
+
+    // A semaphore's acquisitions count too, by their kind.
+    let d = unique_name("d");
+    let client = LockClient::connect_with(&server.url(), LockConfig::default().metrics_lock_names(true))
+        .await
+        .expect("connect");
+    let permit = client.semaphore(&d, 1).acquire(1).await.expect("permit");
+    assert!(client
+        .semaphore(&d, 1)
+        .try_acquire(1)
+        .await
+        .expect("try")
+        .is_none());
+    permit.release().await.expect("release the permit");
+    figures.take(&snapshotter);
+    let semaphore = |outcome: &str| {
+        figures.counter(&format!(
+            "relock_acquisitions_total{{kind=semaphore,lock={d},outcome={outcome}}}"
+        ))
+    };
+    assert_eq!(
+        (semaphore("granted"), semaphore("refused")),
+        (1, 1),
         "{:?}",
         figures.counters
     );
