@@ -287,7 +287,11 @@ impl Holds {
                         confirmed: None,
                         pending: false,
                     }),
-                    label: telemetry::label(telemetry::Prim::of(&keys.kind), &keys.name, self.names_in_metrics),
+                    label: telemetry::label(
+                        telemetry::Prim::of(&keys.kind),
+                        &keys.name,
+                        self.names_in_metrics,
+                    ),
                     counted: !matches!(keys.kind, Kind::Mark(_) | Kind::Waiter(_)),
                 })
             })

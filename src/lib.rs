@@ -113,6 +113,10 @@ mod wait;
 mod waiters;
 mod watchdog;
 
+/// The Redis driver relock runs on, whose client [`LockClient::from_fred`] takes: the same version,
+/// so that a client built through this path fits.
+pub use fred;
+
 pub use client::LockClient;
 pub use config::{
     LockConfig, QuorumConfig, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE, MIN_RENEW_INTERVAL,

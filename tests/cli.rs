@@ -225,10 +225,16 @@ async fn missing_locks_bad_names_and_bad_urls_have_their_exit_codes() {
     assert_eq!(code(&bad_prefix), Some(2), "{bad_prefix:?}");
     let usage = relock(&["--url", &url, "frobnicate"], "").await;
     assert_eq!(code(&usage), Some(2), "{usage:?}");
+    for timeout in ["soon", "0s", "2h"] {
+        let bad = relock(&["--url", &url, "--timeout", timeout, "list"], "").await;
+        assert_eq!(code(&bad), Some(2), "{timeout}: {bad:?}");
+    }
+    let seconds = relock(&["--url", &url, "--timeout", "2", "list"], "").await;
+    assert_eq!(code(&seconds), Some(0), "{seconds:?}");
 
     let started = Instant::now();
     let refused = format!("redis://127.0.0.1:{}", free_port());
-    let unreachable = relock(&["--url", &refused, "--timeout", "1", "list"], "").await;
+    let unreachable = relock(&["--url", &refused, "--timeout", "1500ms", "list"], "").await;
     assert_eq!(code(&unreachable), Some(3), "{unreachable:?}");
     assert!(started.elapsed() < Duration::from_secs(20));
     // A URL that is no URL, or of another scheme, is bad input: refused before any I/O.

@@ -17,7 +17,7 @@
 //!
 //! Global options: `--url` (or `REDIS_URL`; `redis://`, `redis-cluster://`, `redis-sentinel://`
 //! and their TLS forms), `--prefix` (the key prefix of the locks, as `LockConfig::key_prefix`),
-//! `--timeout` (seconds per Redis request) and `--json` (one JSON document, or for `watch` one per
+//! `--timeout` (per Redis request: `500ms`, `2s`, or seconds) and `--json` (one JSON document, or for `watch` one per
 //! line).
 //!
 //! `watch` does not poll when it need not: it subscribes to the lock's release channel and, when
@@ -98,8 +98,8 @@ struct Cli {
     /// Key prefix of the locks (LockConfig::key_prefix).
     #[arg(long, default_value_t = LockConfig::default().get_key_prefix().to_string(), global = true)]
     prefix: String,
-    /// Seconds each Redis request may take.
-    #[arg(long, default_value = "5", value_parser = seconds, global = true)]
+    /// How long each Redis request may take: `500ms`, `2s`, `1m`, or a number of seconds.
+    #[arg(long, default_value = "5s", value_parser = duration, global = true)]
     timeout: Duration,
     /// Machine-readable output: JSON (for watch, one object per line).
     #[arg(long, global = true)]
@@ -184,14 +184,18 @@ impl From<Error> for Failure {
     }
 }
 
-fn seconds(arg: &str) -> Result<Duration, String> {
-    let secs: f64 = arg
-        .parse()
-        .map_err(|_| format!("not a number of seconds: {arg:?}"))?;
-    if !(0.001..=3600.0).contains(&secs) {
-        return Err("the timeout must be 0.001 to 3600 seconds".into());
+/// A duration as `humantime` writes them (`500ms`, `2s`, `1m 30s`), or a bare number of seconds.
+fn duration(arg: &str) -> Result<Duration, String> {
+    let duration = match arg.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => Duration::from_secs_f64(secs.min(1e9)),
+        Ok(_) => return Err(format!("not a duration: {arg:?}")),
+        Err(_) => humantime::parse_duration(arg)
+            .map_err(|err| format!("not a duration (like 500ms, 2s or 1m): {arg:?}: {err}"))?,
+    };
+    if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&duration) {
+        return Err("the timeout must be 1ms to 1h".into());
     }
-    Ok(Duration::from_secs_f64(secs))
+    Ok(duration)
 }
 
 fn main() -> ExitCode {
