@@ -531,8 +531,8 @@ impl LockGuard {
     }
 
     /// Releases this hold (one level of reentrancy) and blocks until Redis confirms, as
-    /// [`LockGuard::release`](crate::LockGuard::release): `Err(Error::NotHeld)` if the lease was
-    /// lost. Inside an async runtime, the guard is dropped (released in the background) and the
+    /// [`LockGuard::release`](crate::LockGuard::release): `Err(Error::Lost)` if the lease was
+    /// known lost, `Err(Error::NotHeld)` if Redis found it gone. Inside an async runtime, the guard is dropped (released in the background) and the
     /// result is [`Error::InsideRuntime`].
     pub fn release(self) -> Result<(), Error> {
         let LockGuard { inner, shared } = self;
@@ -862,8 +862,8 @@ impl Permit {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] if the lease was lost; [`Error::Timeout`] or [`Error::Redis`] when Redis
-    /// fails. Inside an async runtime, the permit is dropped (given back in the background) and the
+    /// [`Error::Lost`] if the lease was known lost, [`Error::NotHeld`] if Redis found it gone;
+    /// [`Error::Timeout`] or [`Error::Redis`] when Redis fails. Inside an async runtime, the permit is dropped (given back in the background) and the
     /// result is [`Error::InsideRuntime`].
     pub fn release(self) -> Result<(), Error> {
         let Permit { inner, shared } = self;
@@ -1024,7 +1024,8 @@ impl LockSetGuard {
     ///
     /// # Errors
     ///
-    /// [`Error::NotHeld`] for a name whose lease was lost; [`Error::Timeout`] or [`Error::Redis`]
+    /// [`Error::Lost`] or [`Error::NotHeld`] for a name whose lease was lost (as
+    /// [`LockGuard::release`](crate::LockGuard::release)); [`Error::Timeout`] or [`Error::Redis`]
     /// when Redis fails. Inside an async runtime, the guard is dropped (released in the background)
     /// and the result is [`Error::InsideRuntime`].
     pub fn release(self) -> Result<(), Error> {

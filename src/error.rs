@@ -24,6 +24,20 @@ pub enum Error {
     /// The lease was lost while work ran under it (see [`LockGuard::until_lost`](crate::LockGuard::until_lost)).
     #[error("the lease of the lock was lost")]
     LeaseLost,
+    /// A release of a hold whose lease this client knew was lost (renewals failed until it ran
+    /// out, or a renewal found the lock gone or taken): answered at once, without asking a server
+    /// that may be gone. Whatever Redis may still have of the hold is removed in the background.
+    #[error(
+        "the lock's lease was lost{} before this release (renewals failed, or found the lock gone or taken): it was not held any more",
+        match ago {
+            Some(ago) => format!(" {:.1} s ago", ago.as_secs_f64()),
+            None => String::new(),
+        }
+    )]
+    Lost {
+        /// How long before the release the loss was found, if known.
+        ago: Option<Duration>,
+    },
     /// A lock name that cannot be used (empty, too long, or containing `{`, `}` or a control character).
     #[error("invalid lock name: {0}")]
     InvalidName(String),

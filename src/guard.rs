@@ -128,9 +128,17 @@ impl LockGuard {
 
     /// Releases this hold (one level of reentrancy) and waits for Redis to confirm.
     ///
-    /// `Err(Error::NotHeld)` if this owner no longer held the lock (its lease was lost); nothing is
-    /// changed in Redis then. Cancelling this future does not cancel the release.
+    /// `Err(Error::Lost)` at once, without asking Redis, if this client knew the lease was lost
+    /// (what Redis may still have of it is removed in the background); `Err(Error::NotHeld)` if
+    /// Redis answered that this owner no longer held the lock (nothing is changed in Redis then);
+    /// a timeout or connection error if Redis did not answer (the release is retried in the
+    /// background). Cancelling this future does not cancel the release.
     pub async fn release(mut self) -> Result<(), Error> {
+        if *self.lost.borrow() && !self.core.is_closed() {
+            let ago = self.hold.lost_ago(self.gen);
+            // Dropped as it is: the release goes to the background (see `Drop`).
+            return Err(Error::Lost { ago });
+        }
         self.done = true;
         let Some((was_lost, ops)) = self.take_level() else {
             return Err(Error::NotHeld);

@@ -55,6 +55,8 @@ pub(crate) struct HoldState {
     /// operations; `None` when unknown. A release whose target Redis already has is not sent: a
     /// guard's background release that ran after a later level went too has released both.
     pub(crate) confirmed: Option<u32>,
+    /// When this generation's lease was found lost (for [`Error::Lost`](crate::Error::Lost)).
+    pub(crate) lost_at: Option<Instant>,
     /// Granted by a handoff that Redis has not recorded yet (see `handoff.rs`): the handoff's call
     /// confirms it (and extends its deadline) or ends it, and the watchdog leaves it alone until then.
     pub(crate) pending: bool,
@@ -94,8 +96,9 @@ impl Hold {
     /// so a holder that does not watch `lost()` is not overtaken sooner than that. Its guards remove
     /// it when they go, and the owner's next acquisition replaces it.
     pub(crate) fn mark_lost(&self, gen: u64, reason: &str) {
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         if st.gen == gen && st.count > 0 && !*st.lost.borrow() {
+            st.lost_at = Some(Instant::now());
             st.lost.send_replace(true);
             if self.counted {
                 telemetry::hold_ended(&self.label, End::Lost, st.since.elapsed());
@@ -114,6 +117,7 @@ impl Hold {
         st.count = 1;
         st.confirmed = Some(1);
         st.pending = false;
+        st.lost_at = None;
         st.since = Instant::now();
         st.lost = watch::channel(false).0;
         if self.counted {
@@ -139,6 +143,15 @@ impl Hold {
             gen,
             fence_floor: None,
         }
+    }
+
+    /// How long ago generation `gen`'s lease was found lost, if this client knows.
+    pub(crate) fn lost_ago(&self, gen: u64) -> Option<Duration> {
+        let st = self.state.lock();
+        (st.gen == gen)
+            .then_some(st.lost_at)
+            .flatten()
+            .map(|at| at.elapsed())
     }
 
     /// Takes one level off generation `gen`, synchronously, as a guard goes: the same owner's next
@@ -285,6 +298,7 @@ impl Holds {
                         field: owner.clone(),
                         since: Instant::now(),
                         confirmed: None,
+                        lost_at: None,
                         pending: false,
                     }),
                     label: telemetry::label(

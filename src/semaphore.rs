@@ -308,8 +308,9 @@ impl Permit {
         self.guard.until_lost(work).await
     }
 
-    /// Gives the permits back and waits for Redis to confirm; `Err(Error::NotHeld)` if the lease
-    /// was lost.
+    /// Gives the permits back and waits for Redis to confirm; `Err(Error::Lost)` if the lease was
+    /// known lost, `Err(Error::NotHeld)` if Redis found it gone (as
+    /// [`LockGuard::release`](crate::LockGuard::release)).
     pub async fn release(self) -> Result<(), Error> {
         self.guard.release().await
     }

@@ -245,7 +245,7 @@ fn the_watchdog_keeps_a_lease_held_by_a_blocked_thread() {
         .unwrap();
     assert!(short.wait_lost_for(Duration::from_secs(10)).unwrap());
     assert!(!short.is_held());
-    assert!(matches!(short.release(), Err(Error::NotHeld)));
+    assert!(matches!(short.release(), Err(Error::Lost { .. })));
 }
 
 #[test]

@@ -136,7 +136,15 @@ async fn lost_fires_when_the_key_is_deleted_behind_its_back() {
         guard.until_lost(async { 1 }).await,
         Err(Error::LeaseLost)
     ));
-    assert!(matches!(guard.release().await, Err(Error::NotHeld)));
+    // Known lost: answered at once, saying so, without a round trip.
+    let start = Instant::now();
+    let err = guard.release().await.unwrap_err();
+    assert!(matches!(err, Error::Lost { ago: Some(_) }), "{err:?}");
+    assert!(
+        err.to_string().contains("lost") && err.to_string().contains("s ago"),
+        "{err}"
+    );
+    assert!(start.elapsed() < Duration::from_millis(50));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,8 +192,8 @@ async fn a_fixed_lease_expires_and_a_stale_release_changes_nothing() {
     assert!(!guard.is_held());
     let taken = b.lock(&name).acquire().await.unwrap();
     assert!(taken.fencing_token() > guard.fencing_token());
-    // The stale holder's release is refused and leaves the new holder alone.
-    assert!(matches!(guard.release().await, Err(Error::NotHeld)));
+    // The stale holder's release says its lease was lost, and leaves the new holder alone.
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
     assert!(taken.is_held());
     assert!(server.exists(&lock_key(&name)));
     taken.release().await.unwrap();
