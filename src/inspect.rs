@@ -29,8 +29,18 @@ use crate::keys::{FairKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::node::Node;
 use crate::{Error, LockClient};
 
+/// A time left, as whole milliseconds (`null` for none), in the inspection types' JSON.
+#[cfg(feature = "serde")]
+fn millis<S: serde::Serializer>(ttl: &Option<Duration>, serializer: S) -> Result<S::Ok, S::Error> {
+    match ttl {
+        Some(ttl) => serializer.serialize_some(&(ttl.as_millis().min(u64::MAX as u128) as u64)),
+        None => serializer.serialize_none(),
+    }
+}
+
 /// One lock as read from Redis at one moment.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct LockInfo {
     /// The lock's name, as given to [`LockClient::lock`].
@@ -42,6 +52,7 @@ pub struct LockInfo {
     pub holders: Vec<Holder>,
     /// The time left on the lease (`PTTL`); `None` if the key has no expiry, which relock never
     /// leaves behind.
+    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", serialize_with = "millis"))]
     pub ttl: Option<Duration>,
     /// The fencing counter of the name: the token of its latest fresh acquisition (on this master),
     /// `None` if there is none or it is not a number.
@@ -61,6 +72,7 @@ impl LockInfo {
 
 /// One hold of a lock: a field of the lock hash, `client:owner:generation`, and its count.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Holder {
     /// The whole hash field, as stored.
@@ -107,6 +119,7 @@ fn owner_id(id: &str) -> Option<(&str, &str)> {
 /// An owner that waits: in a fair lock's queue, or as a writer of a read-write lock (whose waiting
 /// holds new readers back).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct Waiter {
     /// The id of the [`LockClient`] it waits in (32 hex digits, random per client).
@@ -117,6 +130,7 @@ pub struct Waiter {
     /// while the owner waits, so a waiter that crashed drops out when it runs out. A read-write
     /// lock's waiting writers share one. `None` if the key has no expiry, which relock never
     /// leaves behind.
+    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", serialize_with = "millis"))]
     pub ttl: Option<Duration>,
 }
 
@@ -133,6 +147,7 @@ impl Waiter {
 
 /// One fair lock as read from Redis at one moment: its hold and its queue.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct FairLockInfo {
     /// The fair lock's name, as given to [`LockClient::fair_lock`].
@@ -148,6 +163,7 @@ pub struct FairLockInfo {
 /// One read-write lock as read from Redis at one moment: its writer, its readers and the writers
 /// waiting for them.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct RwLockInfo {
     /// The read-write lock's name, as given to [`LockClient::rw_lock`].
@@ -171,6 +187,7 @@ impl RwLockInfo {
 
 /// One reader's hold of a read-write lock: a key of its own, whose TTL is its lease.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct ReadHold {
     /// The reader's key (`{prefix}:{name}:rw:readers:client:owner`).
@@ -179,6 +196,7 @@ pub struct ReadHold {
     pub holder: Holder,
     /// The time left on its lease (`PTTL`); `None` if the key has no expiry, which relock never
     /// leaves behind.
+    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", serialize_with = "millis"))]
     pub ttl: Option<Duration>,
 }
 
@@ -192,6 +210,7 @@ fn ttl_of(ms: i64) -> Option<Duration> {
 
 /// One semaphore as read from Redis at one moment: its permits and its live holders.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct SemaphoreInfo {
     /// The semaphore's name, as given to [`LockClient::semaphore`].
@@ -221,6 +240,7 @@ impl SemaphoreInfo {
 
 /// One holder of a semaphore's permits: one acquisition, with a lease of its own.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[non_exhaustive]
 pub struct PermitHolder {
     /// The Redis key of the holder (`{prefix}:{name}:sem:h:client:owner`), whose TTL is its lease.
@@ -236,6 +256,7 @@ pub struct PermitHolder {
     pub permits: u64,
     /// The time left on its lease (`PTTL`); `None` if its key has no expiry, which relock never
     /// leaves behind.
+    #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", serialize_with = "millis"))]
     pub ttl: Option<Duration>,
 }
 

@@ -97,6 +97,15 @@ async fn list_and_show_describe_held_locks() {
     assert!(info
         .ttl
         .is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(3)));
+    // Feature `serde`: the same as JSON, the time left in whole milliseconds.
+    let json = serde_json::to_value(&info).expect("serialize");
+    assert_eq!(json["name"], twice.as_str(), "{json}");
+    assert_eq!(json["fence"], first.fencing_token(), "{json}");
+    assert_eq!(json["holders"][0]["client_id"], client_id.as_str(), "{json}");
+    assert!(
+        json["ttl_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 3000),
+        "{json}"
+    );
 
     let listed = relock(&["--url", &url, "list", &format!("{base}:*")], "").await;
     assert_eq!(code(&listed), Some(0), "{listed:?}");
