@@ -399,7 +399,7 @@ async fn watch_prints_events_by_polling() {
     let ready = watch.1.take().unwrap_or_else(|| panic!("watch did not start"));
     assert!(ready.contains("a read every 200 ms"), "{ready}");
     let mut watch = watch.0;
-    watch_events(&url, &name, &mut watch).await;
+    watch_events(&url, &name, &mut watch, false).await;
 
     // Ctrl-C ends it cleanly.
     let pid = watch.child.id().to_string();
@@ -444,11 +444,12 @@ async fn watch_prints_events_by_keyspace_notifications() {
     .expect("thread");
     let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
     assert!(ready.contains("keyspace notifications"), "{ready}");
-    watch_events(&url, &name, &mut watch).await;
+    watch_events(&url, &name, &mut watch, true).await;
 }
 
-/// Acquire, re-enter, release both levels, then a short fixed lease that runs out: each seen.
-async fn watch_events(url: &str, name: &str, watch: &mut Watch) {
+/// Acquire, re-enter, release both levels, then a short fixed lease that runs out, then a
+/// force-unlock (told from a release where notifications come): each seen.
+async fn watch_events(url: &str, name: &str, watch: &mut Watch, notified: bool) {
     let client = client(url).await;
     let limit = Duration::from_secs(10);
     let guard = client.lock(name).acquire().await.expect("acquire");
@@ -481,6 +482,13 @@ async fn watch_events(url: &str, name: &str, watch: &mut Watch) {
     let expired = next_line(watch, "expire", limit).await;
     assert!(expired.contains(name), "{expired}");
     drop(leased);
+
+    let held = client.lock(name).acquire().await.expect("acquire");
+    next_line(watch, "acquire", limit).await;
+    assert!(client.lock(name).force_unlock().await.expect("force"));
+    let forced = next_line(watch, if notified { "force-unlock" } else { "release" }, limit).await;
+    assert!(forced.contains(name), "{forced}");
+    drop(held);
     client.shutdown().await;
 }
 
@@ -591,7 +599,7 @@ async fn watch_on_a_cluster_enables_notifications_on_the_lock_primary() {
         channels,
         support::Reply::Array(vec![support::Reply::Str(keyspace)])
     );
-    watch_events(&url, &name, &mut watch).await;
+    watch_events(&url, &name, &mut watch, true).await;
 }
 
 /// `show` of a semaphore prints its permits and each holder's permits and lease (also with

@@ -12,7 +12,7 @@
 //!                            reader's hold and lease, the writers waiting)
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
 //!   --fair, --rw             the fair lock, or the read-write lock, of that name
-//! relock watch NAME          acquire / re-enter / release / expire events until Ctrl-C
+//! relock watch NAME          acquire / re-enter / release / expire / force-unlock events until Ctrl-C
 //! ```
 //!
 //! Global options: `--url` (or `REDIS_URL`; `redis://`, `redis-cluster://`, `redis-sentinel://`
@@ -150,7 +150,7 @@ enum Command {
         #[arg(long)]
         rw: bool,
     },
-    /// Print acquire, re-enter, release and expire events of a lock until Ctrl-C. Uses keyspace
+    /// Print acquire, re-enter, release, expire and force-unlock events of a lock until Ctrl-C. Uses keyspace
     /// notifications when the server has them on, else reads the lock every 200 ms.
     Watch {
         /// The lock's name.
@@ -632,11 +632,12 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
     };
     tokio::pin!(stop);
     loop {
-        let mut hint = None;
+        // The keyspace events of the key since the last read.
+        let mut ops: Vec<String> = Vec::new();
         tokio::select! {
             () = &mut stop => break,
             _ = next(&mut feed.released) => {}
-            event = next(&mut feed.keyspace) => hint = event.map(|event| event.operation),
+            event = next(&mut feed.keyspace) => ops.extend(event.map(|event| event.operation)),
             reconnected = next(&mut feed.reconnects) => {
                 if let (Some(_), Some(subscriber)) = (reconnected, &feed.subscriber) {
                     feed.notified =
@@ -649,6 +650,12 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
             period = feed.period();
             ticks = tokio::time::interval(period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        }
+        // Events queued meanwhile: a release message comes after the events of the same script.
+        if let Some(keyspace) = feed.keyspace.as_mut() {
+            while let Ok(event) = keyspace.try_recv() {
+                ops.push(event.operation);
+            }
         }
         let sending = tokio::time::Instant::now();
         let now = match client.inspect(name).await {
@@ -664,12 +671,21 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
         // With notifications the server says so; without, the lease tells (a release in the last
         // few milliseconds of a lease reads as an expiry).
         let expired = |info: &LockInfo| {
-            hint.as_deref() == Some("expired")
+            ops.iter().any(|op| op == "expired")
                 || info
                     .ttl
                     .is_some_and(|ttl| elapsed + Duration::from_millis(10) >= ttl)
         };
-        for event in changes(last.as_ref(), now.as_ref(), expired) {
+        // A release removes its field (`hdel`, then `del` once the hash is empty); a force-unlock
+        // deletes the key outright (`del` alone). Only notifications tell them apart.
+        let gone_how = if expired_any(last.as_ref(), &expired) {
+            Gone::Expired
+        } else if ops.iter().any(|op| op == "del") && !ops.iter().any(|op| op == "hdel") {
+            Gone::Forced
+        } else {
+            Gone::Released
+        };
+        for event in changes(last.as_ref(), now.as_ref(), gone_how) {
             emit(cli, name, &event)?;
         }
         last = now;
@@ -691,23 +707,37 @@ struct Event<'a> {
     fence: Option<u64>,
 }
 
-/// The events between two reads of a lock. `expired`: whether a hold of the earlier read that is
-/// gone ran out rather than was released.
-fn changes<'a>(
-    before: Option<&'a LockInfo>,
-    after: Option<&'a LockInfo>,
-    expired: impl Fn(&LockInfo) -> bool,
-) -> Vec<Event<'a>> {
+/// How the holds of the earlier read that are gone by the next one went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    Released,
+    Expired,
+    /// Removed whoever held them (`relock unlock`, `Lock::force_unlock`).
+    Forced,
+}
+
+/// Whether the earlier read's lease had run out by the next read (see `watch`).
+fn expired_any(before: Option<&LockInfo>, expired: impl Fn(&LockInfo) -> bool) -> bool {
+    before.is_some_and(expired)
+}
+
+/// The events between two reads of a lock; `gone`: how the holds of the earlier read that are gone
+/// went.
+fn changes<'a>(before: Option<&'a LockInfo>, after: Option<&'a LockInfo>, gone: Gone) -> Vec<Event<'a>> {
     let mut events = Vec::new();
     let ttl = after.and_then(|a| a.ttl);
     let fence = after.or(before).and_then(|i| i.fence);
     if let Some(before) = before {
-        let gone = before
+        let gone_holders = before
             .holders
             .iter()
             .filter(|h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)));
-        for holder in gone {
-            let kind = if expired(before) { "expire" } else { "release" };
+        for holder in gone_holders {
+            let kind = match gone {
+                Gone::Expired => "expire",
+                Gone::Forced => "force-unlock",
+                Gone::Released => "release",
+            };
             events.push(Event {
                 kind,
                 holder,
