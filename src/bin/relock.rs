@@ -678,7 +678,7 @@ async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bool) -> Resu
         };
         // A release removes its field (`hdel`, then `del` once the hash is empty); a force-unlock
         // deletes the key outright (`del` alone). Only notifications tell them apart.
-        let gone_how = if expired_any(last.as_ref(), &expired) {
+        let gone_how = if expired_any(last.as_ref(), expired) {
             Gone::Expired
         } else if ops.iter().any(|op| op == "del") && !ops.iter().any(|op| op == "hdel") {
             Gone::Forced
