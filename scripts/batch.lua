@@ -39,7 +39,7 @@
 --                                  with KEYS lock, fence: a handoff the client granted already,
 --                                  with that token (transfer_granted.lua)
 -- and the common two in short, since each argument costs the server about 0.1 us (parsed, then
--- made a Lua string; 2026-11-26, `FCALL`s of 8 and of 120 arguments):
+-- made a Lua string; `FCALL`s of 8 and of 120 arguments):
 --   'A', owner, lease ms           as 'a' with target 1 (a fresh acquisition); 'Q' as 'q'
 --   'R', owner                     as 'r' with target 0 and the channel `lock:released` (see
 --                                  `keys.rs`): a plain lock's full release
@@ -62,7 +62,7 @@ call = redis.call
 -- A lone fresh acquisition of a plain lock in short (most calls while few operations are in
 -- flight): ARGV is 'A' (or 'Q' on a master of a quorum), owner, lease ms; KEYS lock, fence. A
 -- grant with no previous count answers its token alone, not in a list: every argument and a
--- table reply cost the server more than the rest of such a call's Lua (2026-11-27, callgrind of
+-- table reply cost the server more than the rest of such a call's Lua (callgrind of
 -- the server, pipelined: per acquisition, about 1,700 instructions an argument and 6,900 for a
 -- table of two items, of 66,000 for an acquisition and its release). Any other outcome answers
 -- as the single operation below does; an error is the call's.
@@ -86,7 +86,7 @@ if publish ~= 'PUBLISH' and publish ~= 'SPUBLISH' then
 end
 -- Runs of fresh acquisitions, then of full releases (see above; most batches under load): three
 -- arguments fewer per acquisition and release than one by one, and no operation codes to test.
--- About 9 % less of the server's cost of a cycle than the loop below (2026-11-27, callgrind of the
+-- About 9 % less of the server's cost of a cycle than the loop below (callgrind of the
 -- server, pipelined batches of 8 acquisitions, then of their 8 releases), of which a third is the
 -- loop's own tests. The same replies as the loop's, built inline as there: one helper function
 -- for both, defined once with the library, cost the server about 2,200 instructions more per

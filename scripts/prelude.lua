@@ -54,7 +54,7 @@ end
 
 -- redis.call as a local, for the batch functions (acquire.lua, release.lua and the others the batch
 -- runs): a global's lookup goes through the globals' metatable (the server's global protection),
--- which cost about 30 of the 400 ns of a command called from a function (2026-11-26, 100,000
+-- which cost about 30 of the 400 ns of a command called from a function (100,000
 -- `PTTL`s in one `FCALL`). Set where a call starts (batch.lua, lock_all.lua), not here: a library's
 -- code runs at `FUNCTION LOAD`, where `redis` has no `call`. The helpers here keep `redis.call`, as
 -- the scripts that include only this file do.

@@ -48,7 +48,7 @@ const MAX_IN_FLIGHT: usize = 16;
 /// Below this many rounds in flight, an operation with nothing queued ahead of it goes directly.
 /// Above it, operations queue, and the first of them leads: it lets the tasks that are ready add
 /// theirs before it sends: under load, several operations per call. Only an idle node sends an
-/// operation by itself: against 4 (2026-11-26, the bench's `--quick --only uncontended,contended`
+/// operation by itself: against 4 (the bench's `--quick --only uncontended,contended`
 /// alternated four times), 16 tasks cost the server 16.7-17.0 µs per cycle against 18.0-18.6, at
 /// the same cycles/s; 1 and 256 tasks and the contended rows the same within noise. (4 had taken
 /// 11 % off 16 direct rounds' Redis CPU; an operation that goes by itself runs the batch function's
@@ -401,7 +401,7 @@ async fn run(shared: Arc<Shared>) {
 /// Which future is decided here, and each holds only what it needs: one async fn over them would
 /// keep the operation twice and a synced round's state inline, and a batched operation's future
 /// above 1,024 bytes misses glibc's thread cache, which took about 500 instructions more per box
-/// (callgrind, 2026-11-27).
+/// (callgrind).
 fn direct(
     link: &Arc<NodeClient>,
     op: Op,
@@ -434,7 +434,7 @@ fn alone(
             let _slot = slot;
             // Boxed: fred's command future (about 7 KB) held inline would make every round's
             // future, and every batched operation's above it, that much larger, acquisitions
-            // included. At 256 tasks that cost 2-3 µs of client CPU per cycle (2026-11-26, the
+            // included. At 256 tasks that cost 2-3 µs of client CPU per cycle (the
             // bench's `--quick --only uncontended` alternated twice: 12.4-13.3 µs against
             // 15.3-15.8).
             Box::pin(release_alone(link, lock, owner, channel)).await
@@ -496,7 +496,7 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
 /// A plain lock's release to count 0 that goes alone (a round of one, not synced): `HDEL` of the
 /// hold's field and its mark (see `scripts/release.lua`), no script. An `FCALL` with its Lua costs
 /// the server more than the command it runs: an idle server spent 35 µs on the release's `FCALL`
-/// against 22 on this `HDEL` (2026-11-26, one request a millisecond). The same reply as the
+/// against 22 on this `HDEL` (one request a millisecond). The same reply as the
 /// script's. Two fields removed means a waiter marked the hold: the release message follows, a
 /// request of its own (so a marked hold's waiters hear it a round trip later than from the script,
 /// and its subscribers' count is unknown if the message fails).
@@ -576,8 +576,8 @@ fn batch_script(plain: bool) -> &'static Script {
 /// The call of the batch script for one operation sent alone: [`encode`]'s, but a fresh acquisition
 /// of a plain lock (`A`, `Q`) goes in short, without the count of operations and the publish
 /// command (see `scripts/batch.lua`), and its grant answers the token alone, not in a list. The
-/// server's share of an uncontended acquisition and release is about 12 % smaller (2026-11-27,
-/// callgrind of the server).
+/// server's share of an uncontended acquisition and release is about 12 % smaller (callgrind of
+/// the server).
 fn encode_alone(op: &Op, publish: &'static str) -> Call {
     let mut call = encode(std::iter::once(op), publish);
     if let Some(Short::Acquire { .. }) = op.short() {
@@ -626,7 +626,7 @@ impl Op {
 /// The call of the batch script for a batch of only short operations (see [`Short`]) whose
 /// acquisitions share one lease and quorum flag, in runs (see `scripts/batch.lua`): each
 /// operation's owner alone, three arguments fewer per acquisition and release, which took about
-/// 9 % off the server's cost of a batched cycle (2026-11-27, callgrind of the server, pipelined).
+/// 9 % off the server's cost of a batched cycle (callgrind of the server, pipelined).
 /// The acquisitions run ahead of the releases, and `batch` is reordered to match (each run in its
 /// order), so that the replies follow it. `None`, `batch` untouched, for any other batch, or one
 /// with a release of a lock ahead of an acquisition of it, which the reordering would refuse.

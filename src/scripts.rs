@@ -139,7 +139,7 @@ pub(crate) fn slot_of(keys: &[Key]) -> u16 {
 ///
 /// Why: every call of a script runs its whole text, so a call of the batch script first defines
 /// each of its Lua functions anew. A function of a library calls functions defined when the
-/// library was loaded. Alternated with the scripts on one server (2026-11-26), it saved 4-6 % of
+/// library was loaded. Alternated with the scripts on one server, it saved 4-6 % of
 /// the server's CPU per lock cycle.
 ///
 /// The library's name and its function's carry a hash of the library's code, so that clients of

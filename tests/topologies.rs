@@ -660,7 +660,7 @@ async fn cluster_watchdog_keeps_locks_on_thousands_of_slots() {
 /// the old primary turns replica, no connection drops), by a client whose slot map still names the
 /// old primary: the release call answers `MOVED` there and is made again on the new primary; the
 /// `WAIT` sent to the old node fails (a replica refuses `WAIT`), and that must not be read as the
-/// release's outcome (it was, until 2026-11-27: the release failed and the lock stayed its lease).
+/// release's outcome (it once was: the release failed and the lock stayed its lease).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_release_right_after_a_manual_failover_is_made_on_the_new_primary() {
     let cluster = start_cluster(3, 1).await;

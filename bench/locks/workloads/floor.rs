@@ -173,8 +173,8 @@ async fn floor_loop(
 
 /// Runs `task` on a runtime worker, as every other row's loops run (`peers::spawn`), and waits for
 /// it. A loop awaited in `main`'s `block_on` runs on the main thread instead, which no worker ever
-/// is: each reply then wakes it from another thread. Measured on this VM (one request in flight,
-/// 2026-11-26): 35-42 µs p50 in `block_on` against 27-37 µs on a worker for a bare `TcpStream`, and
+/// is: each reply then wakes it from another thread. Measured on this VM (one request in flight):
+/// 35-42 µs p50 in `block_on` against 27-37 µs on a worker for a bare `TcpStream`, and
 /// 57-71 against 36-48 µs through fred.
 async fn on_worker<T: Send + 'static>(task: impl std::future::Future<Output = T> + Send + 'static) -> T {
     tokio::spawn(task).await.expect("bench task")
