@@ -504,6 +504,14 @@ impl Lock {
             if split {
                 delay = delay.min(jitter(self.core.masters.config.retry_delay));
             }
+            // On a quorum of masters, a waiter tries at most once per random delay: the release
+            // messages it is woken by come from the other waiters' undone grants as much as from a
+            // holder (a waiter refused by a majority grants itself the masters left free and gives
+            // them back, and that release wakes the next waiter), so woken by each at once, the
+            // waiters of a lock held on a bare majority would keep waking each other until it is
+            // released. A message that comes sooner is taken, and acted on at the delay's end.
+            let not_before = (!self.core.masters.single())
+                .then(|| Instant::now() + jitter(self.core.masters.config.retry_delay));
             let wake_at = wait.wake_at(delay);
             tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
             let released = futures::future::select_all(armed.drain(..));
@@ -514,7 +522,12 @@ impl Lock {
                 None => std::task::Poll::Pending,
             });
             tokio::select! {
-                (_, node, _) = released => wake_up.0 = Some(subscriptions[node].waker()),
+                (_, node, _) = released => {
+                    wake_up.0 = Some(subscriptions[node].waker());
+                    if let Some(not_before) = not_before {
+                        tokio::time::sleep_until(wait.wake_at_instant(not_before)).await;
+                    }
+                }
                 () = tokio::time::sleep_until(wake_at) => {}
                 () = ended(&mut hold_back_ends) => {}
                 grant = handed => {

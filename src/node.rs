@@ -453,6 +453,30 @@ impl Node {
         // announced (the other kinds' always are).
         let announce =
             target == 0 && matches!(keys.kind, Kind::Plain) && self.waiters.waited_on(keys.wait_channel());
+        self.release_with(keys, owner, target, announce).await
+    }
+
+    /// [`release`](Node::release) of a grant that a refused round of a quorum made on this master
+    /// (see `quorum::acquire`): announced only where a waiter marked it. It never was a hold, so no
+    /// waiter of this client was held back behind it; announced to them, it woke a waiter whose
+    /// own attempt then made such a grant and its undo woke the next, for as long as the lock was
+    /// held on a bare majority.
+    pub(crate) async fn undo_grant(
+        &self,
+        keys: &LockKeys,
+        owner: &Str,
+        target: u32,
+    ) -> Result<Released, Error> {
+        self.release_with(keys, owner, target, false).await
+    }
+
+    async fn release_with(
+        &self,
+        keys: &LockKeys,
+        owner: &Str,
+        target: u32,
+        announce: bool,
+    ) -> Result<Released, Error> {
         let op = || Op::release(keys, owner, i64::from(target), announce);
         match self.run_batched(op).await?.as_slice() {
             [0] => Ok(Released::NotHeld),
@@ -782,7 +806,7 @@ impl Node {
             // Boxed: fred's command future (about 7 KB) held inline would be held again by every
             // future above this one that takes it as an argument (`bounded_on`'s callers held
             // 22 KB for one semaphore attempt, and moved it at every level). The semaphore row of
-            // `--quick --only family`, alternated twice (2026-11-26): 174-187 µs of client CPU per
+            // `--quick --only family`, alternated twice: 174-187 µs of client CPU per
             // section against 236-250.
             match Box::pin(script.run(&self.link.cmd, keys.clone(), args.clone())).await {
                 Err(err) if not_run(&err) => pause.wait().await,
@@ -1138,7 +1162,7 @@ mod tests {
             assert!(size < 3 * 1024, "{what}'s future is {size} bytes");
             // A batched operation's box (a one-master quorum boxes this future with a few bytes
             // more) within glibc's thread cache (chunks up to 1,032 bytes): above it, each cost
-            // about 500 instructions more (callgrind, 2026-11-27). 856 and 800 bytes now.
+            // about 500 instructions more (callgrind). 856 and 800 bytes now.
             if matches!(what, "acquire" | "release") {
                 assert!(size <= 960, "{what}'s future is {size} bytes");
             }

@@ -265,7 +265,7 @@ pub(crate) async fn acquire(
     // (`stragglers`), so that a slow master does not hold up the caller a second time.
     let undo = granted
         .iter()
-        .map(|(i, _, _)| masters.nodes[*i].release(keys, field, target - 1));
+        .map(|(i, _, _)| masters.nodes[*i].undo_grant(keys, field, target - 1));
     futures::future::join_all(undo).await;
     let decided = granted.len() + refused;
     let stragglers = decided < voters.iter().filter(|v| **v).count();
@@ -516,7 +516,7 @@ impl Drop for Settling {
 /// (Redlock waits for no minority), up to [`SETTLING_MAX`] releases at a time, while a healthy
 /// master's answer is awaited here, in the caller's task. Handing every answer after the settled
 /// outcome to the releaser instead cost more than the wait: a hop to that task per release
-/// (2026-11-26, the bench's `--quick --only redlock`, three runs each: N = 3, 3,650-3,844 cycles/s
+/// (the bench's `--quick --only redlock`, three runs each: N = 3, 3,650-3,844 cycles/s
 /// against 3,956-3,982 waiting here; N = 5 the same within noise).
 pub(crate) async fn release_settled(
     masters: &Masters,

@@ -64,6 +64,11 @@ impl Wait {
         }
     }
 
+    /// `at`, or the caller's bound if sooner.
+    pub(crate) fn wake_at_instant(&self, at: Instant) -> Instant {
+        self.until().map_or(at, |until| at.min(until))
+    }
+
     /// When a waiter sleeping `delay` must wake: then, or at the caller's bound if sooner.
     pub(crate) fn wake_at(&self, delay: Duration) -> Instant {
         let wake_at = Instant::now() + delay;

@@ -714,3 +714,52 @@ async fn a_fresh_deployment_waits_out_the_quarantine() {
         start.elapsed()
     );
 }
+
+/// Waiters of a lock held on a bare majority (two masters were away when it was granted) do not
+/// poll: each attempt grants itself the masters left free and gives them back, and that release
+/// used to wake the next waiter at once, thousands of calls a second. Now each waiter tries at most
+/// once per random split-vote delay: a few calls per master a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_a_lock_held_on_a_bare_majority_do_not_poll() {
+    let mut servers = servers(5);
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let config = || {
+        quorum_config()
+            .retry_delay(Duration::from_millis(200))
+            .lock_config(lock_config().watchdog_timeout(Duration::from_secs(10)))
+    };
+    let holder = MultiLock::connect_with(&urls, config()).await.unwrap();
+    let name = unique_name("bare");
+    servers[3].kill();
+    servers[4].kill();
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    // Back, empty (restarts are not what this is about: no quarantine here).
+    servers[3].restart();
+    servers[4].restart();
+    let held_on = servers.iter().filter(|s| s.exists(&lock_key(&name))).count();
+    assert_eq!(held_on, 3, "held on a bare majority");
+    let mut clients = Vec::new();
+    for _ in 0..3 {
+        clients.push(MultiLock::connect_with(&urls, config()).await.unwrap());
+    }
+    let before: u64 = servers.iter().map(RedisServer::script_calls).sum();
+    let wait = Duration::from_secs(3);
+    let mut waiters = Vec::new();
+    for client in &clients {
+        for _ in 0..2 {
+            let lock = client.lock(&name);
+            waiters.push(tokio::spawn(async move { lock.try_acquire_for(wait).await }));
+        }
+    }
+    for waiter in waiters {
+        assert!(waiter.await.unwrap().unwrap().is_none(), "granted while held");
+    }
+    let made = servers.iter().map(RedisServer::script_calls).sum::<u64>() - before;
+    let per_master_second = made as f64 / 5.0 / 6.0 / wait.as_secs_f64();
+    assert!(
+        per_master_second <= 20.0,
+        "6 waiters made {made} calls in {wait:?}: {per_master_second:.1} per waiter, master and second"
+    );
+    assert!(guard.is_held());
+}

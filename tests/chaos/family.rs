@@ -33,7 +33,7 @@ use std::time::Duration;
 use relock::{Error, LockClient};
 
 use crate::history::{now_ns, sections, Event, Harness, Kind, On, Op, Report, Section};
-use crate::worker::{describe, hold_plan, Settings};
+use crate::worker::{counted, describe, hold_plan, Settings};
 use crate::Rng;
 
 /// How many semaphores and latches the workers share.
@@ -94,17 +94,23 @@ pub async fn hold_permits(
         let item = rng.below(u64::from(SEMAPHORES)) as u32;
         let n = if rng.below(4) == 0 { 2 } else { 1 };
         let emit = |kind| emit(id, task, On::Semaphore, item, kind);
-        let permit = match sems[item as usize]
-            .try_acquire_for(n, settings.lease + Duration::from_secs(1))
-            .await
-        {
+        let wait = settings.lease + Duration::from_secs(1);
+        emit(Kind::Waiting {
+            wait_ms: wait.as_millis() as u64,
+            shared: false,
+            permits: n,
+        });
+        let (acquired, calls) = counted(sems[item as usize].try_acquire_for(n, wait)).await;
+        let permit = match acquired {
             Ok(Some(permit)) => permit,
             Ok(None) => {
                 emit(Kind::Busy);
+                emit(Kind::Calls(calls));
                 continue;
             }
             Err(err) => {
                 emit(Kind::Error(describe(&err)));
+                emit(Kind::Calls(calls));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -120,6 +126,7 @@ pub async fn hold_permits(
             t,
             Kind::Permit { permits: n, valid_ns },
         );
+        emit(Kind::Calls(calls));
         let (hold, steps) = hold_plan(&mut rng, &settings, long);
         let work = async {
             let until = tokio::time::Instant::now() + hold;
@@ -147,7 +154,7 @@ pub async fn hold_permits(
             Err(Error::NotHeld) => "notheld".to_string(),
             Err(err) => format!("err:{}", describe(&err)),
         };
-        emit_at(id, task, On::Semaphore, item, t, Kind::Release(outcome));
+        emit(Kind::Release(outcome));
     }
 }
 
@@ -179,6 +186,8 @@ pub async fn use_latches(
         let item = rng.below(u64::from(LATCHES)) as u32;
         let latch = &latches[item as usize];
         let emit = |kind| emit(id, task, On::Latch, item, kind);
+        // A wait's Redis calls, counted (see `worker::counted`).
+        let mut waited = None;
         let outcome = match role {
             LatchRole::Coordinator => {
                 tokio::time::sleep(rng.between(Duration::from_millis(50), Duration::from_millis(300))).await;
@@ -203,16 +212,21 @@ pub async fn use_latches(
                     op: Op::Wait,
                     arg: wait.as_millis() as u64,
                 });
-                latch.wait_for(wait).await.map(|open| open.to_string())
+                let (open, calls) = counted(latch.wait_for(wait)).await;
+                waited = Some(calls);
+                open.map(|open| open.to_string())
             }
         };
-        match outcome {
-            Ok(reply) => emit(Kind::Reply(reply)),
-            Err(err) => {
-                emit(Kind::Reply(format!("err:{}", describe(&err))));
-                // A bounded back-off: the servers may be down for a while.
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        match &outcome {
+            Ok(reply) => emit(Kind::Reply(reply.clone())),
+            Err(err) => emit(Kind::Reply(format!("err:{}", describe(err)))),
+        }
+        if let Some(calls) = waited {
+            emit(Kind::Calls(calls));
+        }
+        if outcome.is_err() {
+            // A bounded back-off: the servers may be down for a while.
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         if role == LatchRole::Waiter {
             tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(200))).await;

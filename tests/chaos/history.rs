@@ -7,7 +7,7 @@
 //! (b) overlaps of sections past their lease and whether fencing caught them, (c) oversell and lost
 //! updates in the store, (d) how long locks of crashed holders took to be granted again. The lines
 //! of the semaphore and latch workloads are checked in `family.rs`, those of the read-write and
-//! fair locks in `rw.rs`.
+//! fair locks in `rw.rs`; every primitive's waiters' liveness, (j) to (l), in `liveness.rs`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -58,7 +58,7 @@ pub enum On {
 
 impl On {
     /// Written before the item's number (nothing for a lock, so that lock lines read as before).
-    fn tag(self) -> &'static str {
+    pub fn tag(self) -> &'static str {
         match self {
             On::Lock => "",
             On::Semaphore => "s",
@@ -108,7 +108,8 @@ pub enum Kind {
     /// killed while its release is on the way (already freeing the lock for others) still says where
     /// its section ended.
     Releasing,
-    /// The guard's release began at `t`; its outcome.
+    /// The outcome of the release that began at the task's `Releasing` line, stamped when its reply
+    /// came back (`t`): `ok`, `notheld` or `err:...`.
     Release(String),
     /// Semaphore: `permits` permits were granted; `valid_ns` is `validity()` read right after `t`.
     /// `Busy`, `Error`, `Lost`, `Releasing` and `Release` follow as for a lock.
@@ -123,10 +124,19 @@ pub enum Kind {
     /// Read-write lock: the read side was granted; `valid_ns` is `validity()` read right after `t`.
     /// (The write side's grant is a `Grant`, with its fencing token.)
     Shared { valid_ns: u64 },
-    /// Fair or read-write lock: an acquisition bounded by `wait_ms` begins at `t` (`t` read before
-    /// it is sent), of a read side (`shared`) or an exclusive one; its `Grant`, `Shared`, `Busy` or
-    /// `Error` follows on the task's next line.
-    Waiting { wait_ms: u64, shared: bool },
+    /// Lock, semaphore, fair or read-write lock: an acquisition bounded by `wait_ms` begins at `t`
+    /// (`t` read before it is sent), of a read side (`shared`) or an exclusive one, for `permits`
+    /// permits (1 but for a semaphore); its `Grant`, `Permit`, `Shared`, `Busy` or `Error` follows
+    /// on the task's next line.
+    Waiting {
+        wait_ms: u64,
+        shared: bool,
+        permits: u64,
+    },
+    /// The Redis calls the task's last acquisition (or latch wait) sent from its own task while it
+    /// ran (`relock_redis_calls_total`, counted per task: see `worker::counted`), written right after
+    /// its outcome line.
+    Calls(u64),
 }
 
 /// One line of the history.
@@ -165,9 +175,18 @@ impl fmt::Display for Event {
             Kind::Call { op, arg } => write!(f, "call {} {arg}", op.name()),
             Kind::Reply(outcome) => write!(f, "reply {outcome}"),
             Kind::Shared { valid_ns } => write!(f, "shared {valid_ns}"),
-            Kind::Waiting { wait_ms, shared } => {
-                write!(f, "waiting {wait_ms} {}", if *shared { "r" } else { "x" })
+            Kind::Waiting {
+                wait_ms,
+                shared,
+                permits,
+            } => {
+                write!(f, "waiting {wait_ms} {}", if *shared { "r" } else { "x" })?;
+                if *permits != 1 {
+                    write!(f, " {permits}")?;
+                }
+                Ok(())
             }
+            Kind::Calls(calls) => write!(f, "calls {calls}"),
         }
     }
 }
@@ -235,7 +254,9 @@ impl Event {
             "waiting" => Kind::Waiting {
                 wait_ms: n(0)?,
                 shared: *rest.get(1)? == "r",
+                permits: n(2).unwrap_or(1),
             },
+            "calls" => Kind::Calls(n(0)?),
             _ => return None,
         };
         Some(Event {
@@ -277,6 +298,11 @@ pub struct Harness {
     pub final_stock: HashMap<u32, (i64, i64)>,
     /// The liveness bound: lease + 1 s.
     pub liveness_ns: u64,
+    /// The lease (`watchdog_timeout`): a crashed holder's hold, a failed release's, a dead waiter's
+    /// mark run out within it. The bound of (l).
+    pub lease_ns: u64,
+    /// The masters an attempt asks (5 with `MultiLock`, else 1): (j) counts calls per master.
+    pub masters: u64,
     /// Per semaphore, its number of permits.
     pub permits: BTreeMap<u32, u64>,
     /// Per semaphore, the permits `available()` reported once every holder had stopped and a lease
@@ -323,6 +349,7 @@ impl Harness {
 #[derive(Debug, Clone)]
 pub struct Section {
     pub worker: u32,
+    pub task: u32,
     pub item: u32,
     token: u64,
     /// 1 for a lock; the permits held for a semaphore.
@@ -337,6 +364,8 @@ pub struct Section {
     /// Its release failed (a timeout, a dropped connection): the hold may have stayed in Redis
     /// until its lease ran out.
     pub release_failed: bool,
+    /// When its release's answer (`ok` or `notheld`) came back: the hold was gone from Redis by then.
+    pub released: Option<u64>,
     /// The fenced reads (false) and writes (true), in order.
     ops: Vec<(bool, Store)>,
 }
@@ -382,6 +411,8 @@ pub struct Report {
     pub family: crate::family::FamilyReport,
     /// (h), (i) the read-write lock's and the fair lock's checks.
     pub rw: crate::rw::RwReport,
+    /// (j), (k), (l) the waiters' liveness, of every primitive.
+    pub live: crate::liveness::LivenessReport,
     pub examples: Vec<String>,
     /// Liveness findings (not violations), listed after the examples: kept apart so that they never
     /// crowd a violation's example out.
@@ -399,6 +430,7 @@ impl Report {
             + self.keys_left
             + self.family.violations()
             + self.rw.violations()
+            + self.live.violations()
     }
 
     pub fn example(&mut self, what: String) {
@@ -429,6 +461,7 @@ impl fmt::Display for Report {
         if !self.rw.is_empty() {
             write!(f, "{}; ", self.rw)?;
         }
+        write!(f, "{}; ", self.live)?;
         write!(
             f,
             "(e) keys left {}; violations: {}",
@@ -480,6 +513,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     check_liveness(&locks, harness, &mut report);
     crate::family::check(events, harness, &mut report);
     crate::rw::check(events, harness, &mut report);
+    crate::liveness::check(events, harness, &mut report);
     report
 }
 
@@ -531,6 +565,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                     key,
                     Section {
                         worker: ev.worker,
+                        task: ev.task,
                         item: ev.item,
                         token,
                         permits,
@@ -539,6 +574,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                         end: u64::MAX,
                         valid_end: ev.t + valid_ns,
                         release_failed: false,
+                        released: None,
                         ops: Vec::new(),
                     },
                 );
@@ -548,7 +584,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                     claim(s, *valid_ns);
                 }
             }
-            Kind::Call { .. } | Kind::Reply(_) | Kind::Waiting { .. } => {}
+            Kind::Call { .. } | Kind::Reply(_) | Kind::Waiting { .. } | Kind::Calls(_) => {}
             Kind::Busy => {
                 report.acquisitions += 1;
                 report.busy += 1;
@@ -587,6 +623,9 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                 if let Kind::Release(outcome) = &ev.kind {
                     if let Some(&i) = released.get(&key) {
                         done[i].release_failed = outcome.starts_with("err");
+                        if !done[i].release_failed {
+                            done[i].released = Some(ev.t.max(done[i].end));
+                        }
                     }
                 }
             }
@@ -851,11 +890,14 @@ fn events_round_trip_through_their_lines() {
         Kind::Waiting {
             wait_ms: 3000,
             shared: true,
+            permits: 1,
         },
         Kind::Waiting {
             wait_ms: 3000,
             shared: false,
+            permits: 2,
         },
+        Kind::Calls(17),
     ];
     for kind in events {
         for on in [On::Lock, On::Semaphore, On::Latch, On::Rw, On::Fair] {

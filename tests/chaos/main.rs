@@ -38,8 +38,17 @@
 //! `RELOCK_CHAOS_THINK_MS` also bounds a short permit or read-write hold (4 times it);
 //! `RELOCK_CHAOS_SEED` replays a family run's schedule as it does a lock run's.
 //!
+//! Every run also checks its waiters' liveness, for every primitive it ran (see `liveness.rs`),
+//! outside fault windows: (j) no polling (a waiter's Redis calls per master per waiting second,
+//! less what its wake-ups explain, at most 20), (k) no oversleeping (from the moment a lock,
+//! permits, a read-write lock or a fair lock became free with a live waiter, or a latch opened, to
+//! the next grant: p50, p99 and max against a 250 ms target; over 1 s is a violation), (l) progress
+//! (no fair lock, and no read-write lock with a live writer waiting, free for a lease without a
+//! grant).
+//!
 //! Each run ends with one summary line: operations, faults by kind, each check's count, and
-//! `violations: N`. The history is kept in `target/tmp/chaos-*`.
+//! `violations: N`. The history is kept in `target/tmp/chaos-*` (`history.log`, and in
+//! `harness.log` the faults and crashes the checker needs: `chaos_recheck` checks a kept run again).
 
 #[path = "../support/mod.rs"]
 mod support;
@@ -47,6 +56,7 @@ mod support;
 mod cluster;
 mod family;
 mod history;
+mod liveness;
 mod nemesis;
 mod rw;
 mod store;
@@ -197,6 +207,8 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
     let mut harness = Harness {
         initial_stock: INITIAL_STOCK,
         liveness_ns: (LEASE + Duration::from_secs(1)).as_nanos() as u64,
+        lease_ns: LEASE.as_nanos() as u64,
+        masters: if topology == Topology::Multi { 5 } else { 1 },
         ..Harness::default()
     };
     if workloads.contains(&Workload::Semaphore) {
@@ -249,6 +261,8 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
     let history: String = events.iter().map(|e| format!("{e}\n")).collect();
     std::fs::write(dir.join("history.log"), history).expect("write history");
 
+    std::fs::write(dir.join("harness.log"), save_harness(&harness)).expect("write harness");
+
     let mut report = history::check(&events, &harness);
     let left = cluster.keys_left();
     report.keys_left = left.len() as u64;
@@ -274,8 +288,149 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
     for example in report.examples.iter().chain(&report.findings) {
         println!("  {example}");
     }
+    for (_, what) in &report.live.over_target {
+        println!("  {what}");
+    }
     println!("  history: {}", dir.join("history.log").display());
     (report, summary)
+}
+
+/// What the harness knew of a run (faults, crashes, the store's and the semaphores' state at the
+/// end), one line each, kept beside its history: `chaos_recheck` checks the two again.
+fn save_harness(h: &Harness) -> String {
+    let mut lines = vec![
+        format!("end {}", h.end),
+        format!(
+            "bounds {} {} {} {}",
+            h.initial_stock, h.liveness_ns, h.lease_ns, h.masters
+        ),
+    ];
+    for c in &h.crashes {
+        let items: Vec<String> = c.items.iter().map(|(on, i)| format!("{}{i}", on.tag())).collect();
+        lines.push(format!(
+            "crash {} {} {} {}",
+            c.worker,
+            c.t,
+            c.killed,
+            items.join(",")
+        ));
+    }
+    for (from, to) in &h.unprotected {
+        lines.push(format!("unprotected {from} {to}"));
+    }
+    for (from, to) in &h.unsynced {
+        lines.push(format!("unsynced {from} {to}"));
+    }
+    for (from, to) in &h.faults {
+        lines.push(format!("fault {from} {to}"));
+    }
+    for (from, to, name) in &h.fault_names {
+        lines.push(format!("named {from} {to} {name}"));
+    }
+    for (item, (stock, sales)) in &h.final_stock {
+        lines.push(format!("stock {item} {stock} {sales}"));
+    }
+    for (item, permits) in &h.permits {
+        let free = h.permits_at_end.get(item).copied().unwrap_or(0);
+        lines.push(format!("permits {item} {permits} {free}"));
+    }
+    lines.join("\n") + "\n"
+}
+
+fn load_harness(text: &str) -> Harness {
+    let mut h = Harness::default();
+    for line in text.lines() {
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let n = |i: usize| w.get(i).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        match w.first().copied() {
+            Some("end") => h.end = n(1),
+            Some("bounds") => {
+                h.initial_stock = w[1].parse().unwrap_or(0);
+                (h.liveness_ns, h.lease_ns, h.masters) = (n(2), n(3), n(4));
+            }
+            Some("crash") => {
+                let items = w
+                    .get(4)
+                    .map(|list| {
+                        list.split(',')
+                            .filter_map(|item| {
+                                let line = format!("EV 0 0 {item} 0 busy");
+                                history::Event::parse(&line).map(|e| (e.on, e.item))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                h.crashes.push(history::Crash {
+                    worker: n(1) as u32,
+                    t: n(2),
+                    killed: w.get(3) == Some(&"true"),
+                    items,
+                });
+            }
+            Some("unprotected") => h.unprotected.push((n(1), n(2))),
+            Some("unsynced") => h.unsynced.push((n(1), n(2))),
+            Some("fault") => h.faults.push((n(1), n(2))),
+            Some("named") => {
+                let name: &'static str = Box::leak(w.get(3).unwrap_or(&"?").to_string().into_boxed_str());
+                h.fault_names.push((n(1), n(2), name));
+            }
+            Some("stock") => {
+                let (stock, sales) = (w[2].parse().unwrap_or(0), w[3].parse().unwrap_or(0));
+                h.final_stock.insert(n(1) as u32, (stock, sales));
+            }
+            Some("permits") => {
+                h.permits.insert(n(1) as u32, n(2));
+                h.permits_at_end.insert(n(1) as u32, n(3));
+            }
+            _ => {}
+        }
+    }
+    h
+}
+
+/// Checks a kept run again (after a change to the checker): `RELOCK_CHAOS_RECHECK=target/tmp/chaos-...
+/// cargo test --test chaos -- --ignored --nocapture chaos_recheck`.
+#[test]
+#[ignore = "a tool: checks the history of a past run again"]
+fn chaos_recheck() {
+    let Ok(dir) = std::env::var("RELOCK_CHAOS_RECHECK") else {
+        return;
+    };
+    let dir = std::path::Path::new(&dir);
+    let harness = load_harness(&std::fs::read_to_string(dir.join("harness.log")).expect("harness.log"));
+    let events: Vec<history::Event> = std::fs::read_to_string(dir.join("history.log"))
+        .expect("history.log")
+        .lines()
+        .filter_map(history::Event::parse)
+        .collect();
+    let report = history::check(&events, &harness);
+    // The faults as the run's summary line lists them.
+    let order = [
+        "restart",
+        "pause",
+        "kill-holder",
+        "stop-holder",
+        "script-flush",
+        "latency",
+        "drop-connections",
+        "partition",
+        "failover",
+        "reshard",
+        "unplanned-failover",
+    ];
+    let faults: Vec<String> = order
+        .iter()
+        .map(|name| (name, harness.fault_names.iter().filter(|f| f.2 == *name).count()))
+        .filter(|(_, n)| *n > 0)
+        .map(|(name, n)| format!("{name} {n}"))
+        .collect();
+    println!("{}: faults [{}]; {report}", dir.display(), faults.join(", "));
+    for example in report.examples.iter().chain(&report.findings) {
+        println!("  {example}");
+    }
+    for (_, what) in &report.live.over_target {
+        println!("  {what}");
+    }
 }
 
 /// Chaos runs load both cores: one at a time.

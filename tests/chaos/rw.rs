@@ -31,7 +31,7 @@ use std::time::Duration;
 use relock::{Error, Lock};
 
 use crate::history::{now_ns, sections, Event, Harness, Kind, On, Report, Section};
-use crate::worker::{describe, hold_plan, Settings};
+use crate::worker::{counted, describe, hold_plan, Settings};
 use crate::Rng;
 
 /// How many read-write locks and fair locks the workers share.
@@ -49,6 +49,17 @@ pub const FAULT_SETTLE: Duration = Duration::from_secs(1);
 /// How long a lock must have stood free inside a wait that timed out for the wait to count as
 /// stuck (a waiter nobody woke).
 pub const STUCK_FREE: Duration = Duration::from_millis(500);
+
+/// The fair-lock task (one per worker) that takes its lock with a fixed lease (`Lock::lease`) of
+/// [`FAIR_LEASE`] instead of the watchdog's, and now and then holds it past that lease: the lock
+/// then frees without a release message, at the lease's end, which its waiters must not sleep past.
+pub const FIXED_FAIR_TASK: u32 = 450;
+pub const FAIR_LEASE: Duration = Duration::from_millis(300);
+
+/// The fixed lease a fair-lock task's holds have, if any.
+pub fn fixed_lease_of(task: u32) -> Option<Duration> {
+    (task == FIXED_FAIR_TASK).then_some(FAIR_LEASE)
+}
 
 pub fn rw_name(i: u32) -> String {
     format!("rw-{i}")
@@ -95,17 +106,26 @@ pub async fn read_and_write(
         } else {
             locks[item as usize].read()
         };
-        let guard = match side
-            .try_acquire_for(settings.lease + Duration::from_secs(1))
-            .await
-        {
+        let wait = settings.lease + Duration::from_secs(1);
+        emit(
+            now_ns(),
+            Kind::Waiting {
+                wait_ms: wait.as_millis() as u64,
+                shared: !write,
+                permits: 1,
+            },
+        );
+        let (acquired, calls) = counted(side.try_acquire_for(wait)).await;
+        let guard = match acquired {
             Ok(Some(guard)) => guard,
             Ok(None) => {
                 emit(now_ns(), Kind::Busy);
+                emit(now_ns(), Kind::Calls(calls));
                 continue;
             }
             Err(err) => {
                 emit(now_ns(), Kind::Error(describe(&err)));
+                emit(now_ns(), Kind::Calls(calls));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -119,6 +139,7 @@ pub async fn read_and_write(
         } else {
             emit(t, Kind::Shared { valid_ns });
         }
+        emit(now_ns(), Kind::Calls(calls));
         let (hold, steps) = hold_plan(&mut rng, &settings, long);
         let work = async {
             let until = tokio::time::Instant::now() + hold;
@@ -146,12 +167,13 @@ pub async fn read_and_write(
             Err(Error::NotHeld) => "notheld".to_string(),
             Err(err) => format!("err:{}", describe(&err)),
         };
-        emit(t, Kind::Release(outcome));
+        emit(now_ns(), Kind::Release(outcome));
     }
 }
 
 /// One fair-lock task's loop: wait for a random fair lock, hold it a short while, release it,
-/// pause a little. Every acquisition is written when it is sent (`Waiting`) and when it ends.
+/// pause a little. Every acquisition is written when it is sent (`Waiting`) and when it ends. With
+/// a fixed lease (see [`FIXED_FAIR_TASK`]), one hold in three outlives it.
 pub async fn wait_in_line(
     settings: Settings,
     task: u32,
@@ -179,16 +201,24 @@ pub async fn wait_in_line(
             Kind::Waiting {
                 wait_ms: wait.as_millis() as u64,
                 shared: false,
+                permits: 1,
             },
         );
-        let guard = match locks[item as usize].try_acquire_for(wait).await {
+        let lock = match fixed_lease_of(task) {
+            Some(lease) => locks[item as usize].clone().lease(lease),
+            None => locks[item as usize].clone(),
+        };
+        let (acquired, calls) = counted(lock.try_acquire_for(wait)).await;
+        let guard = match acquired {
             Ok(Some(guard)) => guard,
             Ok(None) => {
                 emit(now_ns(), Kind::Busy);
+                emit(now_ns(), Kind::Calls(calls));
                 continue;
             }
             Err(err) => {
                 emit(now_ns(), Kind::Error(describe(&err)));
+                emit(now_ns(), Kind::Calls(calls));
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -202,7 +232,15 @@ pub async fn wait_in_line(
                 valid_ns,
             },
         );
-        tokio::time::sleep(rng.between(Duration::from_millis(10), Duration::from_millis(80))).await;
+        emit(now_ns(), Kind::Calls(calls));
+        let hold = match fixed_lease_of(task) {
+            Some(lease) if rng.below(3) == 0 => rng.between(
+                lease + Duration::from_millis(50),
+                lease + Duration::from_millis(200),
+            ),
+            _ => rng.between(Duration::from_millis(10), Duration::from_millis(80)),
+        };
+        tokio::time::sleep(hold).await;
         let t = now_ns();
         emit(
             t,
@@ -216,7 +254,7 @@ pub async fn wait_in_line(
             Err(Error::NotHeld) => "notheld".to_string(),
             Err(err) => format!("err:{}", describe(&err)),
         };
-        emit(t, Kind::Release(outcome));
+        emit(now_ns(), Kind::Release(outcome));
         tokio::time::sleep(rng.between(Duration::ZERO, Duration::from_millis(60))).await;
     }
 }
@@ -422,7 +460,7 @@ fn attempts(events: &[Event]) -> Vec<Attempt> {
     for ev in events {
         let key = (ev.worker, ev.task);
         match ev.kind {
-            Kind::Waiting { wait_ms, shared } => {
+            Kind::Waiting { wait_ms, shared, .. } => {
                 let attempt = Attempt {
                     shared,
                     worker: ev.worker,
@@ -719,6 +757,7 @@ mod tests {
                 Kind::Waiting {
                     wait_ms: 3000,
                     shared: true,
+                    permits: 1,
                 },
             )
         };
@@ -775,6 +814,7 @@ mod tests {
                 Kind::Waiting {
                     wait_ms: 3000,
                     shared: false,
+                    permits: 1,
                 },
             )
         };

@@ -2,6 +2,8 @@
 //! the locks (or use semaphores and latches, see `family.rs`), printing every step as an event
 //! line. It stops when its standard input closes.
 
+use std::cell::Cell;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -141,7 +143,67 @@ impl Locks {
     }
 }
 
+tokio::task_local! {
+    /// The Redis calls relock sent from this task while the future [`counted`] runs was polled.
+    static CALLS: Cell<u64>;
+}
+
+/// A recorder of the feature `metrics` that counts `relock_redis_calls_total` (every script call,
+/// and a lone release's `HDEL` and `PUBLISH`) into the task-local count of the task that sends it,
+/// if that task is inside [`counted`]; every other figure goes nowhere. One per worker process.
+struct CallsPerTask;
+
+struct TaskCalls;
+
+impl metrics::CounterFn for TaskCalls {
+    fn increment(&self, n: u64) {
+        let _ = CALLS.try_with(|calls| calls.set(calls.get() + n));
+    }
+
+    fn absolute(&self, _: u64) {}
+}
+
+impl metrics::Recorder for CallsPerTask {
+    fn describe_counter(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_gauge(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+    fn describe_histogram(&self, _: metrics::KeyName, _: Option<metrics::Unit>, _: metrics::SharedString) {}
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        static CALLS: std::sync::OnceLock<Arc<TaskCalls>> = std::sync::OnceLock::new();
+        if key.name() == "relock_redis_calls_total" {
+            metrics::Counter::from_arc(CALLS.get_or_init(|| Arc::new(TaskCalls)).clone())
+        } else {
+            metrics::Counter::noop()
+        }
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Histogram {
+        metrics::Histogram::noop()
+    }
+}
+
+/// Runs `work` (an acquisition, a latch's wait) and counts the Redis calls relock sends from this
+/// task meanwhile. A call is counted in the task that sends it: a waiter's attempt that leads a
+/// batched round counts that round's one call (whatever else it carries); one that rides in another
+/// task's round counts nothing here; the watchdog's renewals of its mark, and the subscriber's
+/// (S)SUBSCRIBE, are not script calls of this task. With a quorum, an attempt is one call per
+/// master.
+pub async fn counted<F: Future>(work: F) -> (F::Output, u64) {
+    CALLS
+        .scope(Cell::new(0), async {
+            let out = work.await;
+            (out, CALLS.with(Cell::get))
+        })
+        .await
+}
+
 pub async fn run(settings: Settings) {
+    // Only this process's: the harness's own clients (and the unit tests) count nothing.
+    let _ = metrics::set_global_recorder(CallsPerTask);
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -269,7 +331,12 @@ pub async fn run(settings: Settings) {
     if settings.workloads.contains(&Workload::Fair) {
         for (c, locks) in clients.iter().enumerate() {
             for t in 0..2 {
-                let task = 400 + c as u32 * 2 + t;
+                // One task per worker holds with a fixed lease (see `rw::FIXED_FAIR_TASK`).
+                let task = if c == 1 && t == 1 {
+                    rw::FIXED_FAIR_TASK
+                } else {
+                    400 + c as u32 * 2 + t
+                };
                 let client = one(locks);
                 let fair = (0..rw::FAIR_LOCKS)
                     .map(|i| client.fair_lock(&rw::fair_name(i)))
@@ -334,17 +401,27 @@ async fn sell(
             }
         }
         let item = rng.below(u64::from(settings.items)) as u32;
-        let guard = match names[item as usize]
-            .try_acquire_for(settings.lease + Duration::from_secs(1))
-            .await
-        {
+        let wait = settings.lease + Duration::from_secs(1);
+        emit(
+            item,
+            now_ns(),
+            Kind::Waiting {
+                wait_ms: wait.as_millis() as u64,
+                shared: false,
+                permits: 1,
+            },
+        );
+        let (acquired, calls) = counted(names[item as usize].try_acquire_for(wait)).await;
+        let guard = match acquired {
             Ok(Some(guard)) => guard,
             Ok(None) => {
                 emit(item, now_ns(), Kind::Busy);
+                emit(item, now_ns(), Kind::Calls(calls));
                 continue;
             }
             Err(err) => {
                 emit(item, now_ns(), Kind::Error(describe(&err)));
+                emit(item, now_ns(), Kind::Calls(calls));
                 // A bounded back-off: the servers may be down for a while.
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
@@ -360,6 +437,7 @@ async fn sell(
                 valid_ns: valid_ns(&guard),
             },
         );
+        emit(item, now_ns(), Kind::Calls(calls));
         let (hold, think) = match pace {
             Pace::Short => (Duration::ZERO, (Duration::ZERO, settings.think)),
             Pace::Long => (
@@ -420,7 +498,7 @@ async fn sell(
             Err(Error::NotHeld) => "notheld".to_string(),
             Err(err) => format!("err:{}", err.to_string().replace(char::is_whitespace, "_")),
         };
-        emit(item, t, Kind::Release(outcome));
+        emit(item, now_ns(), Kind::Release(outcome));
     }
 }
 
