@@ -488,7 +488,7 @@ async fn chaos_worker() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_single_redis() {
-    let report = run_and_check(Topology::Single, 40).await;
+    let report = run_and_check(Topology::Single, 25).await;
     // Restarting the only Redis with nothing on disk is outside the guarantees; what it caused is
     // counted apart above and fencing kept the store whole regardless.
     println!(
@@ -499,20 +499,20 @@ async fn chaos_single_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_multilock_five_masters() {
-    let report = run_and_check(Topology::Multi, 45).await;
+    let report = run_and_check(Topology::Multi, 30).await;
     assert_eq!(report.valid_overlaps_unprotected, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_primary_with_replica() {
-    run_and_check(Topology::Replicated, 35).await;
+    run_and_check(Topology::Replicated, 22).await;
 }
 
 /// With `sync_replicas(1)` every grant and renewal the holder counts on is on the replica that a
 /// failover promotes: failovers are within the guarantees, and overlaps after them are violations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_primary_with_synced_replica() {
-    let report = run_and_check(Topology::Synced, 35).await;
+    let report = run_and_check(Topology::Synced, 22).await;
     assert_eq!(report.valid_overlaps_unprotected, 0);
 }
 
@@ -521,7 +521,7 @@ async fn chaos_primary_with_synced_replica() {
 /// replica that acknowledged the grants, so overlaps after them are violations.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_cluster_with_synced_replicas() {
-    let report = run_and_check(Topology::Cluster, 45).await;
+    let report = run_and_check(Topology::Cluster, 30).await;
     assert_eq!(report.valid_overlaps_unprotected, 0);
 }
 
