@@ -457,14 +457,7 @@ impl Lock {
                 }
                 // Tried again after a pause if the error may go away, within the bound.
                 Err(err) => {
-                    let at = retries.after(&wait, err, patience)?;
-                    tokio::time::sleep_until(at).await;
-                    if let Some(err) = retries.ran_out(&wait) {
-                        return Err(err);
-                    }
-                    if self.core.is_closed() {
-                        return Err(Error::Shutdown);
-                    }
+                    retries.pause(&wait, err, patience, &self.core).await?;
                     continue;
                 }
             };

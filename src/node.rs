@@ -753,14 +753,7 @@ impl Node {
     ) -> Result<Vec<i64>, Error> {
         let call = async {
             let keys: Vec<Key> = keys.iter().map(|k| Key::from(*k)).collect();
-            let mut pause = RetryPause::new();
-            loop {
-                let call = self.link.call_unwaited(script, keys.clone(), args.clone());
-                match Box::pin(call).await {
-                    Err(err) if not_run(&err) => pause.wait().await,
-                    other => return other,
-                }
-            }
+            until_run(|| self.link.call_unwaited(script, keys.clone(), args.clone())).await
         };
         self.bounded_on(call, keys.first().copied().unwrap_or_default())
             .await
@@ -801,18 +794,7 @@ impl Node {
         keys: Vec<Key>,
         args: Vec<Value>,
     ) -> Result<R, fred::error::Error> {
-        let mut pause = RetryPause::new();
-        loop {
-            // Boxed: fred's command future (about 7 KB) held inline would be held again by every
-            // future above this one that takes it as an argument (`bounded_on`'s callers held
-            // 22 KB for one semaphore attempt, and moved it at every level). The semaphore row of
-            // `--quick --only family`, alternated twice: 174-187 µs of client CPU per
-            // section against 236-250.
-            match Box::pin(script.run(&self.link.cmd, keys.clone(), args.clone())).await {
-                Err(err) if not_run(&err) => pause.wait().await,
-                other => return other,
-            }
-        }
+        until_run(|| script.run(&self.link.cmd, keys.clone(), args.clone())).await
     }
 
     /// [`script`](Node::script) as a write that replicas confirm, when writes are synced.
@@ -910,6 +892,24 @@ const BACKSTOP: Duration = Duration::from_millis(20);
 /// was built without a TLS feature, since fred would then only log a warning and connect in plaintext.
 /// With `tls-rustls`, makes sure rustls has a process-wide crypto provider (ring) before fred builds
 /// its TLS configuration from the URL, which would panic without one.
+/// A request made again, after a pause, while it answers that it did not run (see `not_run`).
+/// Boxed: fred's command future (about 7 KB) held inline would be held again by every future above
+/// this one that takes it as an argument (`bounded_on`'s callers held 22 KB for one semaphore
+/// attempt, and moved it at every level). The semaphore row of `--quick --only family`,
+/// alternated twice: 174-187 µs of client CPU per section against 236-250.
+async fn until_run<R, F>(mut request: impl FnMut() -> F) -> Result<R, fred::error::Error>
+where
+    F: std::future::Future<Output = Result<R, fred::error::Error>>,
+{
+    let mut pause = RetryPause::new();
+    loop {
+        match Box::pin(request()).await {
+            Err(err) if not_run(&err) => pause.wait().await,
+            other => return other,
+        }
+    }
+}
+
 /// Whether the client connects over TLS.
 fn uses_tls(client: &Client) -> bool {
     #[cfg(any(feature = "tls-rustls", feature = "tls-native"))]

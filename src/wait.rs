@@ -150,13 +150,27 @@ impl Retries {
         }
     }
 
-    /// After the pause: the last error, if the caller's bound has passed meanwhile.
-    pub(crate) fn ran_out(&mut self, wait: &Wait) -> Option<Error> {
+    /// After an attempt failed with `err`: sleeps until the next try ([`after`](Retries::after)),
+    /// or ends the call with an error: `err` at once, the last error if the caller's bound passed
+    /// meanwhile, or [`Error::Shutdown`] if `core` was shut down.
+    pub(crate) async fn pause(
+        &mut self,
+        wait: &Wait,
+        err: Error,
+        patience: Duration,
+        core: &crate::core::Core,
+    ) -> Result<(), Error> {
+        let at = self.after(wait, err, patience)?;
+        tokio::time::sleep_until(at).await;
         if wait.ran_out() {
-            self.last.take()
-        } else {
-            None
+            if let Some(err) = self.last.take() {
+                return Err(err);
+            }
         }
+        if core.is_closed() {
+            return Err(Error::Shutdown);
+        }
+        Ok(())
     }
 }
 
