@@ -687,6 +687,20 @@ fn check_wakes(
                 && ctx.live(w.worker, free_at, free_at + late)
         });
         let Some(waiter) = waiter else { continue };
+        // A fair lock goes to the head of its queue: a waiter ahead of this one whose worker is not
+        // live (stopped, or settling after it woke: its timers and wake-ups are stale) holds the
+        // queue up as a stalled holder would, and the fair lock promises its place until then.
+        let stalled_ahead = on == On::Fair
+            && waits.iter().any(|w| {
+                w.sent < waiter.sent
+                    && w.ended > free_at
+                    && w.end != End::Failed
+                    && !ctx.live(w.worker, free_at, free_at + late)
+            });
+        if stalled_ahead {
+            stats.excused += 1;
+            continue;
+        }
         // The next grant: holds are sorted by start.
         let next = holds[holds.partition_point(|h| h.start <= free_at)..]
             .first()
