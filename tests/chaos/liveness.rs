@@ -1073,6 +1073,44 @@ mod tests {
     }
 
     #[test]
+    fn a_fair_queue_held_up_by_a_stopped_waiter_ahead_is_excused() {
+        // Worker 3, stopped from 200 to 900 ms, queues as it wakes (its place kept from before),
+        // and worker 2 behind it. The lock is freed at 1001 ms; worker 3, within the settle time
+        // after it woke, is granted only at 2.5 s, worker 2 after it.
+        let history = |on: On| {
+            let mut events = vec![
+                waiting(on, 1, 0, false, 1),
+                grant(on, 1, MS),
+                waiting(on, 3, 950 * MS, false, 1),
+                waiting(on, 2, 960 * MS, false, 1),
+                grant(on, 3, 2500 * MS),
+                grant(on, 2, 2650 * MS),
+            ];
+            events.extend(release(on, 1, 1000 * MS));
+            events.extend(release(on, 3, 2600 * MS));
+            events.extend(release(on, 2, 2700 * MS));
+            sorted(events)
+        };
+        let stopped = Harness {
+            faults: vec![(200 * MS, 900 * MS)],
+            crashes: vec![Crash {
+                worker: 3,
+                t: 200 * MS,
+                items: Vec::new(),
+                killed: false,
+            }],
+            ..harness()
+        };
+        // A fair lock keeps the stopped waiter's place: the queue waits for it, as promised.
+        let report = check(&history(On::Fair), &stopped);
+        let wakes = &report.live.wakes[&On::Fair];
+        assert_eq!((wakes.late, wakes.excused), (0, 1), "{report}");
+        // A plain lock promises no place: its free lock waited on by a live waiter is late.
+        let report = check(&history(On::Lock), &stopped);
+        assert_eq!(report.live.wakes[&On::Lock].late, 1, "{report}");
+    }
+
+    #[test]
     fn the_checker_finds_a_waiter_granted_late() {
         for on in [On::Lock, On::Semaphore, On::Rw, On::Fair] {
             // Freed at 1001 ms (the release's answer), granted 20 ms later: fine.
