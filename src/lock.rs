@@ -304,13 +304,12 @@ impl Lock {
         let label = telemetry::label(kind, &self.name, self.core.config.get_metrics_lock_names());
         let report = AcquireReport::start(label, span.clone());
         let result = self.attempts(wait, &report).instrument(span).await;
-        let (outcome, token) = match &result {
-            Ok(Some(guard)) => (Outcome::Granted, Some(guard.fencing_token())),
-            Ok(None) => (Outcome::Refused, None),
-            Err(Error::Timeout(_)) => (Outcome::Timeout, None),
-            Err(_) => (Outcome::Error, None),
-        };
-        report.finish(outcome, token);
+        let token = result
+            .as_ref()
+            .ok()
+            .and_then(Option::as_ref)
+            .map(LockGuard::fencing_token);
+        report.finish(Outcome::of(&result), token);
         result
     }
 

@@ -149,13 +149,7 @@ impl Semaphore {
         );
         let report = AcquireReport::start(label, tracing::Span::none());
         let result = self.attempts(n, wait, &report).await;
-        let outcome = match &result {
-            Ok(Some(_)) => Outcome::Granted,
-            Ok(None) => Outcome::Refused,
-            Err(Error::Timeout(_)) => Outcome::Timeout,
-            Err(_) => Outcome::Error,
-        };
-        report.finish(outcome, None);
+        report.finish(Outcome::of(&result), None);
         result
     }
 

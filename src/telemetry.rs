@@ -86,6 +86,16 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
+    /// How an acquire call that returned `result` ended.
+    pub(crate) fn of<T>(result: &Result<Option<T>, crate::Error>) -> Outcome {
+        match result {
+            Ok(Some(_)) => Outcome::Granted,
+            Ok(None) => Outcome::Refused,
+            Err(crate::Error::Timeout(_)) => Outcome::Timeout,
+            Err(_) => Outcome::Error,
+        }
+    }
+
     pub(crate) fn name(self) -> &'static str {
         match self {
             Outcome::Granted => "granted",

@@ -71,8 +71,7 @@ impl Wait {
 
     /// When a waiter sleeping `delay` must wake: then, or at the caller's bound if sooner.
     pub(crate) fn wake_at(&self, delay: Duration) -> Instant {
-        let wake_at = Instant::now() + delay;
-        self.until().map_or(wake_at, |until| wake_at.min(until))
+        self.wake_at_instant(Instant::now() + delay)
     }
 }
 
