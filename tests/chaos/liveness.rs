@@ -53,7 +53,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::time::Duration;
 
-use crate::history::{sections, Event, Harness, Kind, On, Op, Report, Section};
+use crate::history::{sections, Crash, Event, Harness, Kind, On, Op, Report, Section};
 use crate::rw::{fixed_lease_of, FAULT_SETTLE};
 
 /// (k): the delay from a free moment to the next grant that the library aims for.
@@ -364,13 +364,28 @@ impl Context<'_> {
         !killed && !stopped
     }
 
-    /// The crashes (kills and stops) of `worker` in `[from, to]`.
+    /// The moment by which the crash begun at `t` took effect: a kill waits for the process to exit
+    /// (its fault window's end); a stop is a signal, in effect at once.
+    fn crash_done(&self, c: &Crash) -> u64 {
+        if !c.killed {
+            return c.t;
+        }
+        self.harness
+            .faults
+            .iter()
+            .find(|(from, _)| *from == c.t)
+            .map_or(c.t, |&(_, to)| to.max(c.t))
+    }
+
+    /// The crashes (kills and stops) of `worker` that met `[from, to]`, each at the latest of its
+    /// start and `from`: a process logs a request's sending up to the moment the kill lands, after
+    /// the nemesis took the kill's time.
     fn crashes_in(&self, worker: u32, from: u64, to: u64) -> impl Iterator<Item = u64> + '_ {
         self.harness
             .crashes
             .iter()
-            .filter(move |c| c.worker == worker && (from..=to).contains(&c.t))
-            .map(|c| c.t)
+            .filter(move |c| c.worker == worker && c.t <= to && self.crash_done(c) >= from)
+            .map(move |c| c.t.max(from))
     }
 
     fn lease_end(&self, t: u64) -> u64 {
@@ -524,9 +539,14 @@ fn waits(events: &[Event], ctx: &Context) -> (Vec<Wait>, Vec<LatchCall>) {
         }
     }
     for (_, mut wait) in pending {
-        match ctx.kills.get(&wait.worker) {
-            Some(&kill) if kill >= wait.sent => {
-                wait.ended = kill;
+        let kill = ctx
+            .harness
+            .crashes
+            .iter()
+            .filter(|c| c.killed && c.worker == wait.worker);
+        match kill.map(|c| (c.t, ctx.crash_done(c))).min() {
+            Some((kill, done)) if done >= wait.sent => {
+                wait.ended = kill.max(wait.sent);
                 wait.end = End::Killed;
             }
             _ => {
@@ -701,10 +721,13 @@ fn check_wakes(
             stats.excused += 1;
             continue;
         }
-        // The next grant: holds are sorted by start.
-        let next = holds[holds.partition_point(|h| h.start <= free_at)..]
+        // The next grant: holds are sorted by start. An unrecorded grant (a ghost: its worker was
+        // killed as it acquired) may be the next.
+        let recorded = holds[holds.partition_point(|h| h.start <= free_at)..]
             .first()
             .map(|h| h.start);
+        let unrecorded = ghosts.iter().map(|h| h.start).filter(|&t| t > free_at).min();
+        let next = recorded.into_iter().chain(unrecorded).min();
         if ctx.excluded(free_at, next.unwrap_or(end).min(free_at + late)) {
             stats.excused += 1;
             continue;
@@ -1169,6 +1192,36 @@ mod tests {
         let report = check(&killed(2650 * MS), &crash);
         assert_eq!(report.live.wakes[&On::Lock].gaps_us, vec![50_000], "{report}");
         let report = check(&killed(3900 * MS), &crash);
+        assert_eq!(report.live.wakes[&On::Lock].late, 1, "{report}");
+        // A holder releases at 1000 ms and asks again at 1003 ms, as the nemesis (from 1002 ms)
+        // kills it; the kill lands by 1010 ms. Its new request may have been granted unrecorded:
+        // the lock is judged free again a lease after the kill, not at the release.
+        let mut events = vec![
+            waiting(On::Lock, 1, 0, false, 1),
+            grant(On::Lock, 1, MS),
+            waiting(On::Lock, 2, 500 * MS, false, 1),
+            waiting(On::Lock, 1, 1003 * MS, false, 1),
+            grant(On::Lock, 2, 3100 * MS),
+        ];
+        events.extend(release(On::Lock, 1, 1000 * MS));
+        let late_kill = Harness {
+            faults: vec![(1002 * MS, 1010 * MS)],
+            crashes: vec![Crash {
+                worker: 1,
+                t: 1002 * MS,
+                items: vec![(On::Lock, 0)],
+                killed: true,
+            }],
+            ..harness()
+        };
+        let report = check(&sorted(events.clone()), &late_kill);
+        assert_eq!(report.live.wakes[&On::Lock].late, 0, "{report}");
+        // Had the kill landed before the request, the free lock waited on would be late.
+        let early_kill = Harness {
+            faults: vec![(1002 * MS, 1002 * MS)],
+            ..late_kill
+        };
+        let report = check(&sorted(events), &early_kill);
         assert_eq!(report.live.wakes[&On::Lock].late, 1, "{report}");
         // A semaphore of 3 permits, all held: a release of 2 frees 2; a waiter for 2 is judged, one
         // for 3 is not.
