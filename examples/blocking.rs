@@ -63,7 +63,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         break; // `guard` is dropped here: released in the background
                     }
                     thread::sleep(Duration::from_millis(2)); // "compute" between read and write
-                    storage.write(stock - 1, guard.fencing_token())?;
+                    let token = guard.fencing_token().map_err(|e| e.to_string())?;
+                    storage.write(stock - 1, token)?;
                     sold += 1;
                     guard.release().map_err(|e| e.to_string())?; // or just drop it
                 }

@@ -39,6 +39,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let stock_key = stock_key.clone();
             buyers.push(tokio::spawn(async move {
                 let guard = lock.acquire().await?;
+                // Drawn on this first read (a holder that never reads it costs Redis nothing).
+                let token = guard.fencing_token().await?;
                 // A deliberately non-atomic read-modify-write: only the lock makes it safe.
                 let stock: i64 = admin.get(&stock_key).await?;
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -46,7 +48,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 if bought {
                     let _: () = admin.set(&stock_key, stock - 1, None, None, false).await?;
                 }
-                let token = guard.fencing_token();
                 drop(guard); // released here (it would be on `?` or panic too)
                 Ok::<_, Box<dyn std::error::Error + Send + Sync>>((c, b, bought, token))
             }));

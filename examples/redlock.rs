@@ -34,13 +34,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lock = multi.lock(&format!("orders:{}", std::process::id()));
 
     let guard = lock.acquire().await?;
+    // Drawn on the first read, from a majority that holds the lock.
+    let token = guard.fencing_token().await?;
     println!(
-        "held on a majority of {}: token {}, valid for {:?}",
+        "held on a majority of {}: token {token}, valid for {:?}",
         multi.masters(),
-        guard.fencing_token(),
         guard.validity()
     );
-    let token = guard.fencing_token();
     guard.release().await?;
 
     if servers.len() == 5 {
@@ -48,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let guard = lock.acquire().await?;
         println!(
             "with 2 of 5 masters down: held again, token {} (> {token}), valid for {:?}",
-            guard.fencing_token(),
+            guard.fencing_token().await?,
             guard.validity()
         );
         guard.release().await?;

@@ -14,7 +14,7 @@ async fn transfer(lock: &Lock) -> Result<(), Error> {
     println!(
         "transfer: holding (depth {}, token {})",
         guard.hold_count(),
-        guard.fencing_token()
+        guard.fencing_token().await?
     );
     debit(lock).await?;
     credit(lock).await

@@ -5,7 +5,8 @@
 -- to a command is formatted by `printf`, which costs the server more than the rest of the call's
 -- Lua); in_step: the server is one master of a quorum (see the token below); marks: a plain lock,
 -- whose waiters mark the hold that refused them (below); carry: the new hold starts marked (a
--- transfer from a marked hold). An ended generation of the same owner (a hold lost, a release still
+-- transfer from a marked hold); lazy: a plain lock's acquisition, which draws no token (its holder
+-- draws one when it asks for it, see draw_token.lua; the token is then 0). An ended generation of the same owner (a hold lost, a release still
 -- on its way) is replaced, its mark carried over; a late request for it then finds nothing and
 -- changes nothing.
 --
@@ -16,8 +17,9 @@
 -- transfer.lua, an ended generation here, force_unlock.lua's DEL, the lease's end).
 --
 -- The count is *set* to target, never incremented, so a call that runs twice (a resend after a dropped
--- connection) leaves the same state behind. A target of 1 starts a new hold and draws a new fencing
--- token (see below); a reentrant acquisition returns the current counter.
+-- connection) leaves the same state behind. A target of 1 starts a new hold and, unless lazy, draws
+-- a new fencing token (prelude.lua's draw_token); a reentrant acquisition returns the current
+-- counter (0 when lazy).
 --
 -- Returns 1, previous count of this owner (0 if none), token when granted,
 --         0, remaining ttl in ms when another owner holds the lock:
@@ -26,8 +28,8 @@
 -- digits as a string (the clock's, as read; the client parses either).
 -- A lock or fence of another type fails (WRONGTYPE) before anything is written: the lock is read, and
 -- the fence read, swapped or incremented (SET ... GET and INCR on another type fail without writing),
--- before any write.
-local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
+-- before any write. A lazy acquisition does not touch the fence.
+local function acquire(lock, fence, owner, lease, target, in_step, marks, carry, lazy)
   -- A free lock (the common case) needs no look at its fields: one PTTL (-2: no such key) instead
   -- of HGET and HKEYS; a refusal reports the same PTTL.
   local prev = false
@@ -53,51 +55,11 @@ local function acquire(lock, fence, owner, lease, target, in_step, marks, carry)
   end
   -- The fence is read (or written) before the lock is, so that a fence of another type fails the
   -- call before anything is written.
-  local token
-  if target == 1 or target == '1' then
-    -- The next token is above the counter and never below the server's clock in microseconds. The
-    -- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
-    -- without persistence, or a replica promoted before it received them (asynchronous replication).
-    -- It holds as long as this server's clock is not behind the one that drew the last token (the
-    -- old primary's, after a failover) by more than the time since. The clock is nearly always
-    -- ahead of the counter, so the token is written first and the counter read back in the same
-    -- command; a counter ahead of the clock is then written again above it.
-    --
-    -- A master of a quorum (in_step) keeps its counter in step with the others instead: its floor
-    -- is the start of the current second, not the microsecond, unless its counter is missing (a
-    -- restart without persistence: that floor would not cover tokens drawn earlier in the same
-    -- second). Masters in step draw the same token, so the client need not write it back (see
-    -- quorum.rs); at each new second they all meet at the same floor again. A counter that lost
-    -- increments while present (a promoted replica) is covered from the next second on; within
-    -- the same second, the quorum's restart quarantine keeps such a master out.
-    -- Read once per script call (see prelude.lua): a batch's acquisitions share it.
-    local t, now = clock()
-    if in_step then
-      -- The counter plus one, in one command: INCR is the read and the write of the step. Only at
-      -- the first draw of a second (or with the counter missing: INCR gives 1) is the floor above
-      -- it, and written over it. A resend draws once more, as a GET and SET would: tokens only rise.
-      -- The floor as a number from the seconds' ten digits (sixteen cost the server more to
-      -- convert), as digits only when written.
-      token = call('INCR', fence)
-      if token == 1 then
-        call('SET', fence, now)
-        token = now
-      elseif token < tonumber(t[1]) * 1000000 then
-        token = t[1] .. '000000'
-        call('SET', fence, token)
-      end
-    else
-      -- Compared as digit strings, not numbers: converting sixteen digits costs the server more
-      -- than the comparison (a longer string of digits is the larger number; one of equal length
-      -- compares as text). A counter that is no number fails the call below (tonumber gives nil),
-      -- unless it is shorter than the clock's digits, when the clock simply replaces it.
-      local counter = call('SET', fence, now, 'GET')
-      token = now
-      if counter and (#counter > #now or (#counter == #now and counter >= now)) then
-        token = string.format('%.0f', tonumber(counter) + 1)
-        call('SET', fence, token)
-      end
-    end
+  local token = 0
+  if lazy then
+    -- A plain lock draws its token only when its holder asks for it (draw_token.lua).
+  elseif target == 1 or target == '1' then
+    token = draw_token(fence, in_step)
   else
     token = call('GET', fence) or 0
   end

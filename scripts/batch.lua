@@ -68,7 +68,7 @@ call = redis.call
 -- as the single operation below does; an error is the call's.
 local first = ARGV[1]
 if first == 'A' or first == 'Q' then
-  local reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[2], ARGV[3], '1', first == 'Q', true)
+  local reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[2], ARGV[3], '1', first == 'Q', true, false, true)
   if reply == 1 and second == 0 then
     return third
   elseif third ~= nil then
@@ -96,7 +96,7 @@ if first == 'A+' or first == 'Q+' then
   local in_step = first == 'Q+'
   a = 5
   for _ = 1, tonumber(ARGV[4]) do
-    local ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a], lease, '1', in_step, true)
+    local ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a], lease, '1', in_step, true, false, true)
     k = k + 2
     a = a + 1
     if not ok then
@@ -152,11 +152,11 @@ if ARGV[1] == '1' then
   local op = ARGV[3]
   local ran, reply, second, third = true, nil, nil, nil
   if op == 'A' or op == 'Q' then
-    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], '1', op == 'Q', true)
+    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], '1', op == 'Q', true, false, true)
   elseif op == 'R' then
     reply, second = release(KEYS[1], ARGV[4], 0, false, publish, '1', false, true)
   elseif op == 'a' or op == 'q' then
-    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true)
+    reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true, false, true)
   elseif op == 'r' or op == 'p' then
     reply, second = release(KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
   elseif op == 'u' then
@@ -195,7 +195,7 @@ for _ = 1, tonumber(ARGV[1]) do
   local width = 4
   local five = false
   if op == 'A' or op == 'Q' then
-    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], '1', op == 'Q', true)
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], '1', op == 'Q', true, false, true)
     k = k + 2
     width = 3
   elseif op == 'R' then
@@ -203,7 +203,7 @@ for _ = 1, tonumber(ARGV[1]) do
     k = k + 1
     width = 2
   elseif op == 'a' or op == 'q' then
-    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q', true)
+    ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q', true, false, true)
     k = k + 2
   elseif op == 'r' or op == 'p' then
     ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false, op == 'r')

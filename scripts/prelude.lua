@@ -78,3 +78,55 @@ local function clock()
   end
   return clock_reading, clock_digits
 end
+
+-- Draws the next fencing token from the counter `fence`; `in_step`: the server is one master of a
+-- quorum. Returns the token, a number or its digits. Uses `call` (set by the caller's script).
+--
+-- The next token is above the counter and never below the server's clock in microseconds. The
+-- clock floor keeps tokens rising when the counter lost its latest increments: a Redis restarted
+-- without persistence, or a replica promoted before it received them (asynchronous replication).
+-- It holds as long as this server's clock is not behind the one that drew the last token (the old
+-- primary's, after a failover) by more than the time since. The clock is nearly always ahead of
+-- the counter, so the token is written first and the counter read back in the same command; a
+-- counter ahead of the clock is then written again above it.
+--
+-- A master of a quorum (in_step) keeps its counter in step with the others instead: its floor is
+-- the start of the current second, not the microsecond, unless its counter is missing (a restart
+-- without persistence: that floor would not cover tokens drawn earlier in the same second). Masters
+-- in step draw the same token, so the client need not write it back (see quorum.rs); at each new
+-- second they all meet at the same floor again. A counter that lost increments while present (a
+-- promoted replica) is covered from the next second on; within the same second, the quorum's
+-- restart quarantine keeps such a master out.
+-- A counter of another type fails the call (SET ... GET and INCR on another type fail without
+-- writing).
+local function draw_token(fence, in_step)
+  -- Read once per script call: a batch's acquisitions share it.
+  local t, now = clock()
+  if in_step then
+    -- The counter plus one, in one command: INCR is the read and the write of the step. Only at
+    -- the first draw of a second (or with the counter missing: INCR gives 1) is the floor above
+    -- it, and written over it. A resend draws once more, as a GET and SET would: tokens only rise.
+    -- The floor as a number from the seconds' ten digits (sixteen cost the server more to
+    -- convert), as digits only when written.
+    local token = call('INCR', fence)
+    if token == 1 then
+      call('SET', fence, now)
+      return now
+    elseif token < tonumber(t[1]) * 1000000 then
+      token = t[1] .. '000000'
+      call('SET', fence, token)
+    end
+    return token
+  end
+  -- Compared as digit strings, not numbers: converting sixteen digits costs the server more than
+  -- the comparison (a longer string of digits is the larger number; one of equal length compares
+  -- as text). A counter that is no number fails the call below (tonumber gives nil), unless it is
+  -- shorter than the clock's digits, when the clock simply replaces it.
+  local counter = call('SET', fence, now, 'GET')
+  if counter and (#counter > #now or (#counter == #now and counter >= now)) then
+    local token = string.format('%.0f', tonumber(counter) + 1)
+    call('SET', fence, token)
+    return token
+  end
+  return now
+end

@@ -7,7 +7,7 @@
 -- hold Redis last recorded, not the one that released last.
 -- lock, fence: as acquire.lua; from: the hold Redis holds the lock by (its field goes, whatever its
 -- count); to: the receiving hold's field, a new hold (count 1); lease: its lease in ms; token: the
--- token the client gave it, as digits; expect: the fence's value that the client left at its last
+-- token the client gave it, as digits ('0': none); expect: the fence's value that the client left at its last
 -- record ('' when none); fence_to: the fence's value to set, the token or above it (a reserve: the
 -- tokens up to it are the client's to hand out before its next record).
 --
@@ -22,7 +22,9 @@
 -- A fence or lock of another type fails before anything is written (SET ... GET on another type
 -- fails without writing; the lock hash is written only after).
 local function transfer_granted(lock, fence, from, to, lease, token, expect, fence_to)
-  local counter = call('SET', fence, fence_to, 'GET')
+  -- Token '0': none was given (the releasing hold drew none, see draw_token.lua), and the fence is
+  -- left alone.
+  local counter = token ~= '0' and call('SET', fence, fence_to, 'GET')
   -- Compared as digit strings, as acquire.lua does: a longer string of digits is the larger number.
   if counter and counter ~= expect and (#counter > #token or (#counter == #token and counter >= token)) then
     -- At `fence_to` already is a resend of this call only if `to` holds already.

@@ -17,7 +17,7 @@
 //! let lock = client.lock("inventory:sku-42");
 //! {
 //!     let guard = lock.acquire()?;            // blocks this thread until held
-//!     // ... deduct stock; write with guard.fencing_token() where storage checks it ...
+//!     // ... deduct stock; write with guard.fencing_token()? where storage checks it ...
 //! }                                           // released here, without blocking
 //! client.shutdown()?;
 //! # Ok(())
@@ -476,7 +476,7 @@ impl std::fmt::Debug for Lock {
 /// ```no_run
 /// # fn demo(client: relock::blocking::LockClient) -> Result<(), relock::Error> {
 /// let guard = client.lock("inventory:sku-42").acquire()?;
-/// let token = guard.fencing_token();
+/// let token = guard.fencing_token()?;
 /// // ... read, compute and write with `token` ...
 /// if !guard.is_held() {
 ///     return Err(relock::Error::LeaseLost);
@@ -499,10 +499,11 @@ impl LockGuard {
         self.inner.name()
     }
 
-    /// The fencing token of this hold: strictly larger than the token of every earlier holder of
-    /// the name. A reentrant acquisition returns the token of the hold it joined.
-    pub fn fencing_token(&self) -> u64 {
-        self.inner.fencing_token()
+    /// The fencing token of this hold, as [`LockGuard::fencing_token`](crate::LockGuard::fencing_token):
+    /// a plain lock's is drawn on the first read (one round trip), while the hold holds the lock.
+    /// [`Error::LeaseLost`] if the lease was lost; [`Error::InsideRuntime`] inside an async runtime.
+    pub fn fencing_token(&self) -> Result<u64, Error> {
+        self.shared.block_on(self.inner.fencing_token())?
     }
 
     /// The reentrancy depth of this owner right after this acquisition (1 for a first acquisition).
@@ -641,7 +642,7 @@ impl std::fmt::Debug for CountDownLatch {
 /// let urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
 /// let multi = MultiLock::connect(&urls, LockConfig::default())?;
 /// let guard = multi.lock("orders:42").acquire()?;
-/// println!("token {} valid for {:?}", guard.fencing_token(), guard.validity());
+/// println!("token {} valid for {:?}", guard.fencing_token()?, guard.validity());
 /// # Ok(())
 /// # }
 /// ```
@@ -893,7 +894,7 @@ impl std::fmt::Debug for Permit {
 /// // Move stock between two SKUs: both locked, or neither.
 /// let both = client.lock_all(&["sku-42", "sku-7"]);
 /// let guard = both.acquire()?;
-/// let token = guard.fencing_token("sku-42");
+/// let token = guard.fencing_token("sku-42")?;
 /// # let _ = token;
 /// drop(guard);                                // both released, without blocking
 /// # Ok(())
@@ -991,9 +992,11 @@ impl LockSetGuard {
         self.inner.guards().iter().map(crate::LockGuard::name)
     }
 
-    /// The fencing token of `name` (each name has its own counter); `None` if it is not in the set.
-    pub fn fencing_token(&self, name: &str) -> Option<u64> {
-        self.inner.fencing_token(name)
+    /// The fencing token of `name` (each name has its own counter), as
+    /// [`LockSetGuard::fencing_token`](crate::LockSetGuard::fencing_token); `Ok(None)` if it is
+    /// not in the set. [`Error::InsideRuntime`] inside an async runtime.
+    pub fn fencing_token(&self, name: &str) -> Result<Option<u64>, Error> {
+        self.shared.block_on(self.inner.fencing_token(name))?
     }
 
     /// Whether every name's lease is still held.

@@ -18,7 +18,7 @@ use crate::config::LockConfig;
 use crate::deadline::Deadlines;
 use crate::handoff::Handoffs;
 use crate::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
-use crate::keys::LockKeys;
+use crate::keys::{Kind, LockKeys};
 use crate::quorum::{self, Masters, Round};
 use crate::Error;
 
@@ -285,6 +285,65 @@ impl Core {
             }
             return Ok(Attempt::Granted(grant));
         }
+    }
+
+    /// The fencing token of generation `gen` of `hold`: the one it has, or for a plain lock, one
+    /// drawn now while the hold holds the lock in Redis (`scripts/draw_token.lua`), kept for the
+    /// generation's later reads and guards. A plain lock's acquisition draws none: most holders
+    /// never read it. Drawn only where the hold's field is in the lock hash, from the counter
+    /// every acquisition draws from, so every later holder's token is larger; see
+    /// `docs/guarantees.md`. Handoffs not recorded in Redis yet are recorded first (Redis then
+    /// names this hold).
+    ///
+    /// `Err(LeaseLost)` if the generation is over, or Redis no longer has it (then it ends as
+    /// lost). Bounded as an attempt is.
+    pub(crate) async fn fencing_token(self: &Arc<Self>, hold: &Arc<Hold>, gen: u64) -> Result<u64, Error> {
+        let drawn = |hold: &Hold| {
+            let st = hold.state.lock();
+            if st.gen != gen || !st.active() {
+                return Some(Err(Error::LeaseLost));
+            }
+            (st.token > 0 || !matches!(hold.keys.kind, Kind::Plain)).then_some(Ok(st.token))
+        };
+        if let Some(known) = drawn(hold) {
+            return known;
+        }
+        let _ops = hold.ops.clone().lock_owned().await;
+        if self.hands_over(&hold.keys) {
+            self.record_owed(hold).await;
+        }
+        if let Some(known) = drawn(hold) {
+            return known;
+        }
+        let field = hold.state.lock().field.clone();
+        let voters = self.masters.voters(self.quarantine());
+        if let Some(err) = self.masters.too_few_voters(&voters, self.quarantine()) {
+            return Err(err);
+        }
+        let start = Instant::now();
+        let bound = start + self.masters.attempt_bound();
+        let drawn = self
+            .deadlines
+            .within(
+                bound,
+                quorum::draw_token(&self.masters, &voters, &hold.keys, &field),
+            )
+            .await
+            .unwrap_or_else(|| Err(Error::Timeout(bound - start)))?;
+        let Some(token) = drawn else {
+            hold.mark_lost(
+                gen,
+                "the lock was found released or taken when drawing its fencing token",
+            );
+            return Err(Error::LeaseLost);
+        };
+        let mut st = hold.state.lock();
+        if st.gen != gen || !st.active() {
+            return Err(Error::LeaseLost);
+        }
+        st.token = token;
+        tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, token, "fencing token drawn");
+        Ok(token)
     }
 
     /// `future`, bounded by the caller's `until` if there is one: `None` if that passed first. Not

@@ -35,7 +35,7 @@ use crate::Error;
 /// # async fn demo(client: relock::LockClient) -> Result<(), relock::Error> {
 /// let lock = client.lock("inventory:sku-42");
 /// let guard = lock.acquire().await?;
-/// let token = guard.fencing_token();
+/// let token = guard.fencing_token().await?;
 /// let stock = guard.until_lost(async { /* read, compute and write with `token` */ 41 }).await?;
 /// guard.release().await?;
 /// # let _ = (token, stock);
@@ -49,7 +49,6 @@ pub struct LockGuard {
     gen: u64,
     /// The Redis field of the hold's generation.
     field: Str,
-    token: u64,
     hold_count: u32,
     lost: watch::Sender<bool>,
     done: bool,
@@ -63,7 +62,6 @@ impl LockGuard {
             hold: grant.hold,
             gen: grant.gen,
             field: grant.field,
-            token: grant.token,
             hold_count: grant.count,
             lost: grant.lost,
             done: false,
@@ -76,9 +74,33 @@ impl LockGuard {
     }
 
     /// The fencing token of this hold: strictly larger than the token of every earlier holder of the
-    /// name. A reentrant acquisition returns the token of the hold it joined.
-    pub fn fencing_token(&self) -> u64 {
-        self.token
+    /// name that read one, and smaller than every later holder's. A reentrant acquisition returns
+    /// the token of the hold it joined.
+    ///
+    /// A plain lock draws its token on the first read, not at acquisition (a holder that never
+    /// reads it costs Redis nothing for it): one round trip, while the hold holds the lock in
+    /// Redis. Later reads of the same hold, by any of its guards, return it at once. A fair lock,
+    /// the write side of a read-write lock and a [`LockSet`](crate::LockSet)'s locks drew theirs
+    /// when granted.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] if the lease was lost (known here, or found so in Redis, which ends the
+    /// hold as lost): a lost holder gets no token. An error reaching Redis leaves the hold as it
+    /// is; the read may be tried again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a token drawn by a cancelled read is simply not used; the next read draws
+    /// another (larger) one.
+    pub async fn fencing_token(&self) -> Result<u64, Error> {
+        self.core.fencing_token(&self.hold, self.gen).await
+    }
+
+    /// The token already drawn for this hold, if any (see [`fencing_token`](Self::fencing_token)).
+    pub(crate) fn drawn_token(&self) -> Option<u64> {
+        let st = self.hold.state.lock();
+        (st.gen == self.gen && st.token > 0).then_some(st.token)
     }
 
     /// The reentrancy depth of this owner right after this acquisition (1 for a first acquisition).
@@ -201,7 +223,7 @@ impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LockGuard")
             .field("name", &self.name())
-            .field("fencing_token", &self.token)
+            .field("fencing_token", &self.drawn_token())
             .field("hold_count", &self.hold_count)
             .field("held", &self.is_held())
             .finish()

@@ -1,23 +1,27 @@
 //! Local handoff: a plain lock that one owner of a client releases while another owner of the same
 //! client waits for it goes straight to that waiter, in one script call: the releasing hold goes
-//! and the waiter's starts, with a new fencing token, in the same step. The lock is never free in
+//! and the waiter's starts in the same step. The lock is never free in
 //! between, so nothing is published: the waiter skips the release message and its own attempt (a
 //! round trip), and the other clients' waiters are not woken to be refused.
 //!
 //! The waiter does not wait for that call either, when it can be given the lock safely before
-//! Redis answers ([`Core::early_grant`]): its token is the releasing hold's plus one and its lease
-//! the releasing hold's, which Redis keeps holding until the call lands. The call
-//! (`scripts/transfer_granted.lua`) moves the hold, raises the fence to that token (so later
-//! acquisitions draw above it) and sets the waiter's own lease; its answer extends the waiter's
-//! lease, or ends the grant as lost when the lock was gone meanwhile. Otherwise the call draws the
-//! token (`scripts/transfer.lua`) and the waiter is granted when it answers. Not early, so that Redis
+//! Redis answers ([`Core::early_grant`]): its lease is the releasing hold's, which Redis keeps
+//! holding until the call lands. A plain lock draws its fencing token only when its holder reads it
+//! ([`Core::fencing_token`]): a releasing hold that drew none hands on none (the waiter draws its
+//! own if it reads one); one that drew hands on its token plus one, at no cost. The call
+//! (`scripts/transfer_granted.lua`) moves the hold, raises the fence to the token handed on, if
+//! any (so later draws are above it), and sets the waiter's own lease; its answer extends the
+//! waiter's lease, or ends the grant as lost when the lock was gone meanwhile. Otherwise the call
+//! moves the hold first (`scripts/transfer.lua`, no token) and the waiter is granted when it
+//! answers. Not early, so that Redis
 //! surely holds the releasing hold's field: a hold retired meanwhile, one whose lease ends within two
 //! calls' bounds, or a lock with an undo of this client on its way (an attempt of the same owner
 //! whose outcome is unknown may have replaced that field); nor after a hold shorter than the last
 //! handoff's call, where it gains nothing.
 //!
 //! Most handoffs make no call at all ([`LockConfig::unrecorded_handoffs`]): a call that records a
-//! handoff raises the fence that many tokens past the token it records (a reserve), and the next
+//! handoff with a token raises the fence that many tokens past it (a reserve; handoffs without a
+//! token need none), and the next
 //! handoffs hand out those tokens without asking Redis ([`Core::unrecorded_grant`]). Redis goes on
 //! holding the lock for the hold it recorded, with that hold's lease, which the new holders inherit
 //! (pending, as after an early grant); an acquisition elsewhere draws above the reserve. The next
@@ -767,7 +771,7 @@ impl Core {
         // If the call's outcome stays unknown, the fence goes up to the waiter's token before the
         // undo can free the lock (the call may never have run).
         let mut from_resync = from.hold.resync(&from.field, from.gen);
-        from_resync.fence_floor = Some(token);
+        from_resync.fence_floor = (token > 0).then_some(token);
         let mut undo_from = UndoOnDrop {
             core: self,
             resync: Some(from_resync),
@@ -820,7 +824,7 @@ impl Core {
             hold: to.clone(),
             gen,
             field,
-            ceiling: Some(fence_to),
+            ceiling: (token > 0).then_some(fence_to),
         });
         self.handoffs.set_recorded(&keys.lock, recorded);
         Ok(granted)
@@ -887,7 +891,6 @@ impl Core {
     /// unrecorded began less than [`UNRECORDED_MAX`] ago, and the same safety as for
     /// [`early_grant`](Core::early_grant) holds.
     fn unrecorded_grant(&self, hold: &Hold, gen: u64, via: &Via, now: Instant) -> Option<(u64, Instant)> {
-        let ceiling = via.recorded.ceiling?;
         if via
             .owed_since
             .is_some_and(|since| now.saturating_duration_since(since) >= UNRECORDED_MAX)
@@ -895,7 +898,9 @@ impl Core {
             return None;
         }
         let (token, deadline) = self.safe_to_hand(hold, gen, now, via.owed_since.is_some())?;
-        (token <= ceiling).then_some((token, deadline))
+        // No token to give (this hold drew none): no reserve is needed.
+        (token == 0 || via.recorded.ceiling.is_some_and(|ceiling| token <= ceiling))
+            .then_some((token, deadline))
     }
 
     /// The token and lease end that a waiter may be handed the lock with before Redis records it:
@@ -923,11 +928,18 @@ impl Core {
     fn safe_to_hand(&self, hold: &Hold, gen: u64, now: Instant, owed: bool) -> Option<(u64, Instant)> {
         let st = hold.state.lock();
         let bound = self.masters.nodes[0].link.bound();
-        let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && st.pending == owed && st.token > 0;
+        let usable = st.gen == gen && !st.retired && !*st.lost.borrow() && st.pending == owed;
         // An undo on its way may concern an attempt of this owner that replaced this generation in
         // Redis (see acquire.lua), which only the call would find out.
+        // A hold that drew no token (see `Core::fencing_token`) hands on none: the waiter draws its
+        // own if it asks. One that drew hands on the next, at no cost: the call raises the fence.
+        let token = if st.token > 0 {
+            st.token.saturating_add(1)
+        } else {
+            0
+        };
         (usable && st.deadline > now + 2 * bound && !self.undo_pending(&hold.keys.lock))
-            .then(|| (st.token.saturating_add(1), st.deadline))
+            .then_some((token, st.deadline))
     }
 
     /// Hands `grant` (of hold `to`) to the waiter `candidate`, or gives it back if the waiter left.

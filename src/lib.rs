@@ -13,7 +13,7 @@
 //! let lock = client.lock("inventory:sku-42");
 //! {
 //!     let guard = lock.acquire().await?;     // waits until held
-//!     // ... deduct stock; write with guard.fencing_token() where storage checks it ...
+//!     // ... deduct stock; write with guard.fencing_token().await? where storage checks it ...
 //! }                                           // released here, also on `?`, panic or abort
 //! # Ok(())
 //! # }

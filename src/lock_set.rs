@@ -44,7 +44,7 @@ use crate::Error;
 /// // Move stock between two SKUs: both locked, or neither.
 /// let both = client.lock_all(&["sku-42", "sku-7"]);
 /// let guard = both.acquire().await?;
-/// let from = guard.fencing_token("sku-42");
+/// let from = guard.fencing_token("sku-42").await?;
 /// # let _ = from;
 /// drop(guard); // both released
 /// # Ok(())
@@ -242,12 +242,17 @@ impl LockSetGuard {
         &self.guards
     }
 
-    /// The fencing token of `name` (each name has its own counter); `None` if it is not in the set.
-    pub fn fencing_token(&self, name: &str) -> Option<u64> {
-        self.guards
-            .iter()
-            .find(|g| g.name() == name)
-            .map(LockGuard::fencing_token)
+    /// The fencing token of `name` (each name has its own counter; see
+    /// [`LockGuard::fencing_token`]); `Ok(None)` if it is not in the set.
+    ///
+    /// # Errors
+    ///
+    /// As [`LockGuard::fencing_token`]: [`Error::LeaseLost`] once that name's lease is lost.
+    pub async fn fencing_token(&self, name: &str) -> Result<Option<u64>, Error> {
+        match self.guards.iter().find(|g| g.name() == name) {
+            Some(guard) => guard.fencing_token().await.map(Some),
+            None => Ok(None),
+        }
     }
 
     /// Whether every name's lease is still held.

@@ -35,7 +35,7 @@ use crate::Error;
 /// let urls = ["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"];
 /// let multi = MultiLock::connect(&urls, LockConfig::default()).await?;
 /// let guard = multi.lock("orders:42").acquire().await?;
-/// println!("token {} valid for {:?}", guard.fencing_token(), guard.validity());
+/// println!("token {} valid for {:?}", guard.fencing_token().await?, guard.validity());
 /// # Ok(())
 /// # }
 /// ```

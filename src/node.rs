@@ -633,6 +633,38 @@ impl Node {
         self.link.check_acked(reply.acked)
     }
 
+    /// Draws the fencing token of the hold `field` of a plain lock while it holds the lock here
+    /// (`scripts/draw_token.lua`): `None` if the hold is not there. `in_step`: this node is one
+    /// master of a quorum (see acquire.lua). A token that no replica has would fall back in a
+    /// failover: not drawn, when writes are synced.
+    pub(crate) async fn draw_token(
+        &self,
+        keys: &LockKeys,
+        field: &Str,
+        in_step: bool,
+    ) -> Result<Option<u64>, Error> {
+        let draw = self.script_synced::<Value>(
+            &scripts().draw_token,
+            vec![Key::from(&keys.lock), Key::from(&keys.fence)],
+            vec![
+                Value::String(field.clone()),
+                Value::from_static_str(if in_step { "1" } else { "0" }),
+            ],
+        );
+        let reply = self.bounded_on(draw, &keys.lock).await?;
+        self.link.check_acked(reply.acked)?;
+        // A number, or its digits (the clock's as read, see prelude.lua).
+        let token = match &reply.value {
+            Value::Integer(n) => u64::try_from(*n).ok(),
+            other => other.as_str().and_then(|digits| digits.parse::<u64>().ok()),
+        };
+        match token {
+            Some(0) => Ok(None),
+            Some(token) => Ok(Some(token)),
+            None => Err(Error::unexpected_reply("draw_token", &reply.value)),
+        }
+    }
+
     /// Publishes a plain lock's release message, for a release whose reply was lost: a lone
     /// release's `PUBLISH` follows its `HDEL`'s reply (see `batch::release_alone`), so an `HDEL`
     /// that ran unanswered freed the lock without a word, and its resend finds nothing to remove.

@@ -361,6 +361,60 @@ impl Tally {
     }
 }
 
+/// Draws the fencing token of the hold `field` of a plain lock (see `scripts/draw_token.lua`) on
+/// every voting master at once: the largest token of a majority that has the hold, written back
+/// where a master drew less, as an acquisition's is ([`raise_fence`]). `None`: so many masters
+/// said the hold is not there that no majority can back it (lost).
+pub(crate) async fn draw_token(
+    masters: &Masters,
+    voters: &[bool],
+    keys: &LockKeys,
+    field: &Str,
+) -> Result<Option<u64>, Error> {
+    let nodes = masters.nodes.len();
+    let needed = masters.needed();
+    let in_step = !masters.single();
+    let mut pending: FuturesUnordered<_> = (0..nodes)
+        .filter(|i| voters[*i])
+        .map(|i| {
+            let node = &masters.nodes[i];
+            async move { (i, node.draw_token(keys, field, in_step).await) }
+        })
+        .collect();
+    let mut drawn: Few<(usize, u64, u64)> = Few::default();
+    let mut absent = 0;
+    let mut error = None;
+    while let Some((i, reply)) = pending.next().await {
+        match reply {
+            Ok(Some(token)) => drawn.push((i, 0, token)),
+            Ok(None) => absent += 1,
+            Err(err) => {
+                tracing::debug!(lock = %keys.name, node = %masters.nodes[i].server, %err, "token request failed");
+                error = Some(err);
+            }
+        }
+        if drawn.len() >= needed || absent > nodes - needed {
+            break;
+        }
+    }
+    if drawn.len() >= needed {
+        let token = drawn.iter().map(|d| d.2).max().unwrap_or(0);
+        if masters.single() || raise_fence(masters, keys, &drawn, token).await >= needed {
+            return Ok(Some(token));
+        }
+    }
+    if absent > nodes - needed {
+        return Ok(None);
+    }
+    let quorum = Error::Quorum {
+        granted: drawn.len(),
+        answered: drawn.len() + absent,
+        needed,
+        nodes,
+    };
+    Err(masters.report(error, quorum))
+}
+
 /// Writes `token` back to the granting nodes that drew less; returns how many granting nodes
 /// have it now (no request at all when every one drew it).
 async fn raise_fence(masters: &Masters, keys: &LockKeys, granted: &[(usize, u64, u64)], token: u64) -> usize {

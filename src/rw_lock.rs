@@ -43,7 +43,7 @@ use crate::Error;
 ///     // ... read the cached config ...
 /// }
 /// let write = config.write().acquire().await?;      // alone; new readers wait
-/// let token = write.fencing_token();                // for the store that takes the write
+/// let token = write.fencing_token().await?;         // for the store that takes the write
 /// # let _ = token;
 /// # Ok(())
 /// # }

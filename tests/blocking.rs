@@ -100,7 +100,10 @@ fn a_thread_reenters_its_own_hold() {
     let first = lock.acquire().unwrap();
     let second = lock.acquire().unwrap();
     assert_eq!((first.hold_count(), second.hold_count()), (1, 2));
-    assert_eq!(first.fencing_token(), second.fencing_token());
+    // Drawn by the first read, shared by the hold's other guard.
+    let token = second.fencing_token().unwrap();
+    assert!(token > 0);
+    assert_eq!(first.fencing_token().unwrap(), token);
     let other = lock.clone();
     let try_other = move || {
         thread::spawn(move || other.try_acquire().unwrap().is_none())
@@ -174,10 +177,10 @@ fn a_dropped_guard_is_released_promptly() {
     let waiter = thread::spawn(move || {
         let started = Instant::now();
         let got = lock.try_acquire_for(Duration::from_secs(10)).unwrap();
-        (got.map(|guard| guard.fencing_token()), started.elapsed())
+        (got.map(|guard| guard.fencing_token().unwrap()), started.elapsed())
     });
     thread::sleep(Duration::from_millis(200));
-    let token = guard.fencing_token();
+    let token = guard.fencing_token().unwrap();
     drop(guard);
     let (got, waited) = waiter.join().unwrap();
     let next = got.expect("the waiter did not get the lock after the drop");
@@ -580,9 +583,11 @@ fn a_dropped_permit_is_given_back_promptly_and_the_holders_can_be_read() {
     // A lock can be read from a plain thread too.
     let lock = client.lock(&name);
     let guard = lock.acquire().unwrap();
+    // The fence moves when the holder draws its token (its first read), not at the acquisition.
+    let token = guard.fencing_token().unwrap();
     let held = client.inspect(&name).unwrap().expect("held");
     assert!(held.holders[0].owner.starts_with("th"), "{held:?}");
-    assert_eq!(held.fence, Some(guard.fencing_token()));
+    assert_eq!(held.fence, Some(token));
     let listed = client.held_locks(Some(&name)).unwrap();
     assert_eq!(listed.len(), 1);
     guard.release().unwrap();
@@ -635,7 +640,10 @@ fn a_lock_set_holds_all_or_none() {
         thread::spawn(move || {
             let guard = set.try_acquire_for(Duration::from_secs(10)).unwrap();
             guard.map(|guard| {
-                let tokens: Vec<Option<u64>> = guard.names().map(|name| guard.fencing_token(name)).collect();
+                let tokens: Vec<Option<u64>> = guard
+                    .names()
+                    .map(|name| guard.fencing_token(name).unwrap())
+                    .collect();
                 (tokens, guard.is_held(), guard.release())
             })
         })
@@ -659,7 +667,7 @@ fn a_lock_set_holds_all_or_none() {
     assert!(thread::spawn(move || other.try_acquire().unwrap().is_none())
         .join()
         .unwrap());
-    assert_eq!(guard.fencing_token("not in the set"), None);
+    assert_eq!(guard.fencing_token("not in the set").unwrap(), None);
     drop(guard);
     assert!(matches!(
         a.lock_all(&[]).try_acquire(),
@@ -743,13 +751,13 @@ fn a_blocking_fair_lock_and_rw_lock_from_threads() {
     let name = unique_name("rw-blocking");
     let read = a.rw_lock(&name).read().acquire().unwrap();
     let again = b.rw_lock(&name).read().acquire().unwrap();
-    assert_eq!(read.fencing_token(), 0);
+    assert_eq!(read.fencing_token().unwrap(), 0);
     // A writer of another thread waits for both readers.
     let writer = {
         let rw = b.rw_lock(&name);
         thread::spawn(move || {
             let guard = rw.write().acquire().unwrap();
-            let token = guard.fencing_token();
+            let token = guard.fencing_token().unwrap();
             guard.release().unwrap();
             token
         })

@@ -65,6 +65,8 @@ fn row<'a>(table: &'a str, name: &str) -> Option<Vec<&'a str>> {
 
 /// `list`, `list PATTERN`, `list --json` and `show` describe locks held here: holder, hold counts
 /// (a reentrant 2), lease left and fence; a key under the prefix that is not a lock is left out.
+/// The fence moves only when a holder draws its token (a plain lock's first read): the holders here
+/// read theirs before the lock is inspected, but for one, whose fence is none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_and_show_describe_held_locks() {
     let server = RedisServer::start();
@@ -85,6 +87,9 @@ async fn list_and_show_describe_held_locks() {
         .await
         .expect("acquire");
     let odd_guard = holder.lock(&odd).acquire().await.expect("acquire");
+    // Drawn now: the fence of each of these locks is then its holder's token.
+    let first_token = first.fencing_token().await.expect("token");
+    let other_token = other.fencing_token().await.expect("token");
     server.cmd(&["SET", &format!("relock:{{{base}:junk}}"), "not a lock"]);
     server.cmd(&["SET", "relock:{unrelated}", "x"]);
 
@@ -93,14 +98,14 @@ async fn list_and_show_describe_held_locks() {
     assert_eq!(info.holders.len(), 1);
     let client_id = info.holders[0].client_id.clone();
     assert!(info.holders[0].owner.starts_with('t'), "{info:?}");
-    assert_eq!(info.fence, Some(first.fencing_token()));
+    assert_eq!(info.fence, Some(first_token));
     assert!(info
         .ttl
         .is_some_and(|t| t > Duration::ZERO && t <= Duration::from_secs(3)));
     // Feature `serde`: the same as JSON, the time left in whole milliseconds.
     let json = serde_json::to_value(&info).expect("serialize");
     assert_eq!(json["name"], twice.as_str(), "{json}");
-    assert_eq!(json["fence"], first.fencing_token(), "{json}");
+    assert_eq!(json["fence"], first_token, "{json}");
     assert_eq!(json["holders"][0]["client_id"], client_id.as_str(), "{json}");
     assert!(
         json["ttl_ms"].as_u64().is_some_and(|ms| ms > 0 && ms <= 3000),
@@ -118,10 +123,13 @@ async fn list_and_show_describe_held_locks() {
     assert_eq!(cells[2], "2");
     let ttl: f64 = cells[3].trim_end_matches('s').parse().expect("ttl");
     assert!(ttl > 0.0 && ttl <= 3.0, "{table}");
-    assert_eq!(cells[4], first.fencing_token().to_string());
+    assert_eq!(cells[4], first_token.to_string());
     let cells = row(&table, &once).unwrap_or_else(|| panic!("{once} missing: {table}"));
     assert_eq!(cells[2], "1");
-    assert_eq!(cells[4], other.fencing_token().to_string());
+    assert_eq!(cells[4], other_token.to_string());
+    // Held, but its holder never read its token: nothing drawn, no fence.
+    let odd_info = holder.inspect(&odd).await.expect("inspect").expect("held");
+    assert_eq!(odd_info.fence, None, "{odd_info:?}");
     assert!(!table.contains("junk") && !table.contains("unrelated"), "{table}");
     assert_eq!(table.lines().count(), 4, "header and three locks: {table}");
 
@@ -162,7 +170,7 @@ async fn list_and_show_describe_held_locks() {
     assert!(
         json.contains(&format!(
             "\"fence\":{},\"contended\":false,\"holders\":[{{\"client_id\":\"{client_id}\"",
-            first.fencing_token()
+            first_token
         )),
         "{json}"
     );
@@ -176,10 +184,7 @@ async fn list_and_show_describe_held_locks() {
     let text = stdout(&shown);
     assert!(text.contains(&format!("key    relock:{{{twice}}}")), "{text}");
     assert!(text.contains("holds  2"), "{text}");
-    assert!(
-        text.contains(&format!("fence  {}", first.fencing_token())),
-        "{text}"
-    );
+    assert!(text.contains(&format!("fence  {first_token}")), "{text}");
     assert!(
         text.contains(&format!("holder client {client_id} owner t")) && text.contains("count 2"),
         "{text}"
@@ -458,13 +463,14 @@ async fn watch_events(url: &str, name: &str, watch: &mut Watch, notified: bool) 
         acquired.contains(name) && acquired.contains("count=1"),
         "{acquired}"
     );
-    assert!(
-        acquired.contains(&format!("fence={}", guard.fencing_token())),
-        "{acquired}"
-    );
+    // A plain lock's acquisition draws no token: no fence yet (the name is new).
+    assert!(acquired.contains("fence=-"), "{acquired}");
+    // The holder's first read draws it; the next event shows it.
+    let token = guard.fencing_token().await.expect("token");
     let again = client.lock(name).acquire().await.expect("re-enter");
     let reentered = next_line(watch, "reenter", limit).await;
     assert!(reentered.contains("count=2"), "{reentered}");
+    assert!(reentered.contains(&format!("fence={token}")), "{reentered}");
     again.release().await.expect("release");
     let down = next_line(watch, "release", limit).await;
     assert!(down.contains("count=1"), "{down}");
@@ -530,6 +536,11 @@ async fn list_on_a_cluster_scans_every_primary() {
     for name in &names {
         guards.push(holder.lock(name).acquire().await.expect("acquire"));
     }
+    // Drawn (each on its lock's primary), so that each fence is its holder's token.
+    let mut tokens = Vec::new();
+    for guard in &guards {
+        tokens.push(guard.fencing_token().await.expect("token"));
+    }
     let primaries: std::collections::BTreeSet<u16> = names
         .iter()
         .map(|name| cluster.primary_of(&support::lock_key(name)).port())
@@ -545,10 +556,10 @@ async fn list_on_a_cluster_scans_every_primary() {
     assert_eq!(code(&listed), Some(0), "{listed:?}");
     let table = stdout(&listed);
     println!("{table}");
-    for (name, guard) in names.iter().zip(&guards) {
+    for (name, token) in names.iter().zip(&tokens) {
         let cells = row(&table, name).unwrap_or_else(|| panic!("{name} missing: {table}"));
         assert_eq!(cells[2], "1");
-        assert_eq!(cells[4], guard.fencing_token().to_string());
+        assert_eq!(cells[4], token.to_string());
     }
     assert_eq!(table.lines().count(), 1 + names.len(), "{table}");
     assert!(!table.contains(unrelated.name()), "{table}");

@@ -164,14 +164,14 @@ async fn try_acquire_never_queues_and_a_holder_reenters_ahead_of_the_queue() {
         .unwrap()
         .unwrap();
     assert_eq!(inner.hold_count(), 2);
-    let token = inner.fencing_token();
+    let token = inner.fencing_token().await.unwrap();
     drop(inner);
     outer.release().await.unwrap();
     let next = tokio::time::timeout(Duration::from_secs(3), waiting)
         .await
         .unwrap()
         .unwrap();
-    assert!(next.fencing_token() > token);
+    assert!(next.fencing_token().await.unwrap() > token);
     next.release().await.unwrap();
     // Nobody waits: a try gets it.
     assert!(b.fair_lock(&name).try_acquire().await.unwrap().is_some());
@@ -362,12 +362,13 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                             match &mut holder {
                                 Some((_, count)) => {
                                     *count += 1;
-                                    prop_assert_eq!(guard.fencing_token(), last_token, "{}", at);
+                                    prop_assert_eq!(guard.fencing_token().await.expect("token"), last_token, "{}", at);
                                 }
                                 None => {
                                     holder = Some((o, 1));
-                                    prop_assert!(guard.fencing_token() > last_token, "{}", at);
-                                    last_token = guard.fencing_token();
+                                    let token = guard.fencing_token().await.expect("token");
+                                    prop_assert!(token > last_token, "{}", at);
+                                    last_token = token;
                                 }
                             }
                             prop_assert_eq!(guard.hold_count(), holder.unwrap().1, "{}", at);
@@ -384,9 +385,10 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                             let granted = tokio::time::timeout(Duration::from_secs(5), task).await;
                             prop_assert!(granted.is_ok(), "not granted at once: {}", at);
                             let guard = granted.unwrap().expect("join").expect("acquire");
-                            prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                            let token = guard.fencing_token().await.expect("token");
+                            prop_assert!(token > last_token, "{}", at);
                             prop_assert_eq!(guard.hold_count(), 1, "{}", at);
-                            last_token = guard.fencing_token();
+                            last_token = token;
                             holder = Some((o, 1));
                             guards[o].push(guard);
                         } else {
@@ -412,8 +414,9 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                             .expect("try_acquire_for");
                         prop_assert_eq!(got.is_some(), expect, "{}", at);
                         if let Some(guard) = got {
-                            prop_assert!(guard.fencing_token() > last_token, "{}", at);
-                            last_token = guard.fencing_token();
+                            let token = guard.fencing_token().await.expect("token");
+                            prop_assert!(token > last_token, "{}", at);
+                            last_token = token;
                             holder = Some((o, 1));
                             guards[o].push(guard);
                         }
@@ -424,7 +427,7 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                         prop_assert!(entered.is_ok(), "the holder waited behind {:?}: {}", queue, at);
                         let guard = entered.unwrap().expect("reenter");
                         prop_assert_eq!(guard.hold_count(), count + 1, "{}", at);
-                        prop_assert_eq!(guard.fencing_token(), last_token, "{}", at);
+                        prop_assert_eq!(guard.fencing_token().await.expect("token"), last_token, "{}", at);
                         holder = Some((o, count + 1));
                         guards[o].push(guard);
                     }
@@ -481,9 +484,10 @@ fn the_fair_lock_follows_its_model_under_random_steps() {
                         prop_assert!(early.is_empty(), "owners {:?} granted before the head {}: {}", early, next, at);
                         prop_assert!(settled, "the head (owner {}) was not granted: {}", next, at);
                         let guard = task.await.expect("join").expect("acquire");
-                        prop_assert!(guard.fencing_token() > last_token, "{}", at);
+                        let token = guard.fencing_token().await.expect("token");
+                        prop_assert!(token > last_token, "{}", at);
                         prop_assert_eq!(guard.hold_count(), 1, "{}", at);
-                        last_token = guard.fencing_token();
+                        last_token = token;
                         holder = Some((next, 1));
                         guards[next].push(guard);
                     }

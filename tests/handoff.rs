@@ -124,18 +124,24 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_in_one_call() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!local.is_finished() && !remote.is_finished());
 
+    // Read (so drawn, in a call of its own) before the release: the handoff passes the next token
+    // on at no cost.
+    let token = first.fencing_token().await.unwrap();
     let (scripts, published) = (server.script_calls(), server.command_calls("publish"));
-    let token = first.fencing_token();
     first.release().await.unwrap();
     let second = tokio::time::timeout(Duration::from_secs(2), local)
         .await
         .expect("the local waiter is handed the lock")
         .unwrap();
-    assert!(second.fencing_token() > token, "a handoff draws a new token");
+    assert_eq!(
+        second.fencing_token().await.unwrap(),
+        token + 1,
+        "a handoff from a hold that drew its token hands on the next one"
+    );
     assert_eq!(
         server.script_calls() - scripts,
         1,
-        "one script call: the transfer"
+        "one script call: the transfer (the handed token costs no draw)"
     );
     assert_eq!(
         server.command_calls("publish") - published,
@@ -146,13 +152,13 @@ async fn a_release_hands_the_lock_to_a_waiter_of_the_same_client_in_one_call() {
     assert!(!remote.is_finished(), "the other client's waiter sleeps on");
 
     // No waiter of this client left: the release frees the lock and tells the other client.
-    let token = second.fencing_token();
+    let token = second.fencing_token().await.unwrap();
     second.release().await.unwrap();
     let third = tokio::time::timeout(Duration::from_secs(2), remote)
         .await
         .expect("the other client's waiter is woken by the release")
         .unwrap();
-    assert!(third.fencing_token() > token);
+    assert!(third.fencing_token().await.unwrap() > token);
     third.release().await.unwrap();
     here.shutdown().await;
     there.shutdown().await;
@@ -274,7 +280,8 @@ async fn other_clients_get_in(config: LockConfig, first_end: usize) {
         busy.push(tokio::spawn(Owner::new().scope(async move {
             while !stop.load(Ordering::Relaxed) {
                 let guard = lock.acquire().await.unwrap();
-                tokens.lock().push(guard.fencing_token());
+                let token = guard.fencing_token().await.unwrap();
+                tokens.lock().push(token);
                 sections.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 guard.release().await.unwrap();
@@ -293,7 +300,8 @@ async fn other_clients_get_in(config: LockConfig, first_end: usize) {
             .unwrap();
         let guard = got.expect("the other client's waiter gets the lock well before the 30 s lease");
         passed.push(sections.load(Ordering::Relaxed) - before);
-        tokens.lock().push(guard.fencing_token());
+        let token = guard.fencing_token().await.unwrap();
+        tokens.lock().push(token);
         guard.release().await.unwrap();
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
@@ -382,6 +390,8 @@ async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
     let here = client(&server, config(8).watchdog_timeout(Duration::from_secs(9))).await;
 
     let second = handed_over(&here, &name).await;
+    // Handed on by a hold that drew no token, it has none: read (drawn) while it holds the lock.
+    let second_token = second.fencing_token().await.unwrap();
 
     let lock = here.lock(&name);
     let third = tokio::spawn(async move { lock.acquire().await.unwrap() });
@@ -401,7 +411,11 @@ async fn a_waiter_behind_a_local_holder_tries_as_soon_as_that_hold_is_lost() {
         .expect("the waiter tries once the holder's hold is lost, not 6 s later")
         .unwrap();
     assert!(lost.elapsed() < Duration::from_secs(3));
-    assert!(third.fencing_token() > second.fencing_token());
+    assert!(third.fencing_token().await.unwrap() > second_token);
+    assert!(matches!(
+        second.fencing_token().await,
+        Err(relock::Error::LeaseLost)
+    ));
     drop(second);
     third.release().await.unwrap();
     here.shutdown().await;
@@ -416,15 +430,17 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
     let name = unique_name("handoff-early");
     let h = held_with_a_waiter(&server, &name).await;
     let first_field = server.hold_field(&h.key);
-    let token = h.first.fencing_token();
+    // Drawn before the release: the handoff then carries the next token.
+    let token = h.first.fencing_token().await.unwrap();
 
     let (second, release) = handed_while_paused(&server, h.first, h.waiter).await;
-    server.resume();
+    // Read while the server answers nothing: the handed token needs no call.
     assert_eq!(
-        second.fencing_token(),
+        second.fencing_token().await.unwrap(),
         token + 1,
         "the next token after the releasing hold's"
     );
+    server.resume();
     release
         .await
         .unwrap()
@@ -456,7 +472,7 @@ async fn a_waiter_is_handed_the_lock_before_redis_answers() {
         .expect("the other client gets the lock")
         .unwrap();
     assert!(
-        other.fencing_token() > token + 1,
+        other.fencing_token().await.unwrap() > token + 1,
         "later tokens draw above the handed one"
     );
     other.release().await.unwrap();
@@ -471,10 +487,14 @@ async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
     let server = RedisServer::start();
     let name = unique_name("handoff-taken");
     let h = held_with_a_waiter(&server, &name).await;
+    // Drawn while it still holds the lock (a read after the lock was taken would find the hold
+    // gone, and end it as lost before its release).
+    let first_token = h.first.fencing_token().await.unwrap();
 
     let other = taken_behind_its_back(&server, &h, &name).await;
     let other_field = server.hold_field(&h.key);
-    assert!(other.fencing_token() > h.first.fencing_token());
+    let other_token = other.fencing_token().await.unwrap();
+    assert!(other_token > first_token);
 
     assert!(matches!(h.first.release().await, Err(relock::Error::NotHeld)));
     let second = tokio::time::timeout(Duration::from_secs(2), h.waiter)
@@ -484,7 +504,13 @@ async fn an_early_handoff_of_a_lock_taken_meanwhile_ends_as_lost_at_once() {
     tokio::time::timeout(Duration::from_secs(1), second.lost())
         .await
         .expect("told at once, not at the next renewal");
-    assert!(second.fencing_token() < other.fencing_token(), "fenced out");
+    // Fenced out: its grant (the next token after the first hold's, below the other client's) is
+    // lost, and a lost hold gets no token at all.
+    assert!(first_token + 1 < other_token);
+    assert!(
+        matches!(second.fencing_token().await, Err(relock::Error::LeaseLost)),
+        "fenced out"
+    );
     assert_eq!(
         server.hold_field(&h.key),
         other_field,
@@ -526,10 +552,12 @@ async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above
     let server = RedisServer::start();
     let name = unique_name("handoff-unanswered");
     let h = held_with_a_waiter(&server, &name).await;
-    let token = h.first.fencing_token();
+    // Drawn before the release: the early handoff carries the next token.
+    let token = h.first.fencing_token().await.unwrap();
 
     let (second, release) = handed_while_paused(&server, h.first, h.waiter).await;
-    assert_eq!(second.fencing_token(), token + 1);
+    let second_token = second.fencing_token().await.unwrap();
+    assert_eq!(second_token, token + 1);
     let lost = tokio::time::timeout(Duration::from_secs(4), second.lost()).await;
     let released = tokio::time::timeout(Duration::from_secs(2), release).await;
     server.resume();
@@ -549,7 +577,11 @@ async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above
         .unwrap();
     assert!(fence > token, "the fence covers the handed token");
     let next = h.there.lock(&name).acquire().await.unwrap();
-    assert!(next.fencing_token() > second.fencing_token());
+    assert!(next.fencing_token().await.unwrap() > second_token);
+    assert!(matches!(
+        second.fencing_token().await,
+        Err(relock::Error::LeaseLost)
+    ));
     next.release().await.unwrap();
     drop(second);
     close(&h.here, &h.there).await;
@@ -557,12 +589,19 @@ async fn an_early_handoff_without_an_answer_ends_lost_and_leaves_the_fence_above
 
 /// An owner of `here` that takes the lock `name` by a handoff that Redis recorded (a first owner
 /// held it, released it while this one waited): its owner and guard, and its field in Redis.
+/// `drawn`: the first owner read its token before the release, so that the handoff carried the
+/// next one (and the record a reserve of tokens for unrecorded handoffs); else the guard has no
+/// token until it reads one.
 async fn recorded_handoff(
     server: &RedisServer,
     here: &LockClient,
     name: &str,
+    drawn: bool,
 ) -> (Owner, relock::LockGuard, String) {
     let first = here.lock(name).acquire().await.unwrap();
+    if drawn {
+        first.fencing_token().await.unwrap();
+    }
     let owner = Owner::new();
     let guard = handed_on(here, name, first, owner.clone()).await;
     (owner, guard, server.hold_field(&lock_key(name)))
@@ -572,6 +611,8 @@ async fn recorded_handoff(
 /// Redis holding the lock for the owner it last recorded, until the next call records the latest
 /// owner, within 10 ms. Fencing tokens still rise, and the fence stays above every token handed out:
 /// a lock that Redis lets go of (this client crashed, say) is taken elsewhere with a larger token.
+/// The holds read their tokens, so each handoff passes on the next one: the reserve that the
+/// recorded handoff set covers them without a draw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handoffs_in_a_row_go_unrecorded_with_the_fence_above_their_tokens() {
     let server = RedisServer::start();
@@ -579,14 +620,14 @@ async fn handoffs_in_a_row_go_unrecorded_with_the_fence_above_their_tokens() {
     let key = lock_key(&name);
     let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
     let there = client(&server, config(8)).await;
-    let (_, recorded, recorded_field) = recorded_handoff(&server, &here, &name).await;
+    let (_, recorded, recorded_field) = recorded_handoff(&server, &here, &name, true).await;
 
     let scripts = server.script_calls();
-    let mut tokens = vec![recorded.fencing_token()];
+    let mut tokens = vec![recorded.fencing_token().await.unwrap()];
     let mut guard = recorded;
     // Each handoff queues its waiter 300 ms before: the record of the first runs 10 ms after it.
     let second = handed_on(&here, &name, guard, Owner::new()).await;
-    tokens.push(second.fencing_token());
+    tokens.push(second.fencing_token().await.unwrap());
     assert_eq!(server.script_calls() - scripts, 0, "handed on without a call");
     assert_eq!(
         server.hold_field(&key),
@@ -602,20 +643,21 @@ async fn handoffs_in_a_row_go_unrecorded_with_the_fence_above_their_tokens() {
     guard = second;
     for _ in 0..3 {
         guard = handed_on(&here, &name, guard, Owner::new()).await;
-        tokens.push(guard.fencing_token());
+        tokens.push(guard.fencing_token().await.unwrap());
     }
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
 
     // Redis lets go of the lock (as it would at its lease's end after a crash): the next token
     // drawn is above every one handed out here.
     let pending = handed_on(&here, &name, guard, Owner::new()).await;
+    let pending_token = pending.fencing_token().await.unwrap();
+    assert!(pending_token > tokens[tokens.len() - 1]);
     server.cmd(&["DEL", &key]);
     let elsewhere = there.lock(&name).acquire().await.unwrap();
+    let elsewhere_token = elsewhere.fencing_token().await.unwrap();
     assert!(
-        elsewhere.fencing_token() > pending.fencing_token(),
-        "{} drawn elsewhere after {} handed out here",
-        elsewhere.fencing_token(),
-        pending.fencing_token()
+        elsewhere_token > pending_token,
+        "{elsewhere_token} drawn elsewhere after {pending_token} handed out here"
     );
     elsewhere.release().await.unwrap();
     drop(pending);
@@ -631,7 +673,7 @@ async fn an_owner_that_handed_the_lock_on_unrecorded_is_refused_on_its_next_atte
     let name = unique_name("handoff-unrecorded-owner");
     let key = lock_key(&name);
     let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
-    let (owner, recorded, recorded_field) = recorded_handoff(&server, &here, &name).await;
+    let (owner, recorded, recorded_field) = recorded_handoff(&server, &here, &name, false).await;
     let scripts = server.script_calls();
     let holder = handed_on(&here, &name, recorded, Owner::new()).await;
     assert_eq!(server.script_calls() - scripts, 0, "handed on without a call");

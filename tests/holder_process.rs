@@ -31,7 +31,8 @@ async fn holder_child() {
     };
     let client = LockClient::connect_with(&url, config()).await.unwrap();
     let guard = client.lock(&name).acquire().await.unwrap();
-    println!("HELD {}", guard.fencing_token());
+    // Read (so drawn) while held: the next holder's token must be above it.
+    println!("HELD {}", guard.fencing_token().await.unwrap());
     tokio::time::sleep(Duration::from_secs(120)).await;
 }
 
@@ -83,5 +84,5 @@ async fn killed_holder_frees_the_lock_within_the_lease() {
         .expect("lock never freed");
     let freed = killed.elapsed();
     assert!(freed <= LEASE + Duration::from_secs(1), "freed after {freed:?}");
-    assert!(guard.fencing_token() > token);
+    assert!(guard.fencing_token().await.unwrap() > token);
 }

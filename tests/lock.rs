@@ -65,10 +65,21 @@ async fn reentrancy_ten_deep_in_async_fns() {
     let name = unique_name("nested");
     let lock = client.lock(&name);
     let guards = nested(lock.clone(), 10).await;
-    let token = guards[0].fencing_token();
-    assert!(
-        guards.iter().all(|g| g.fencing_token() == token),
-        "reentrant acquisitions share the token"
+    // The first read (of the innermost guard) draws the hold's token; every other guard of the hold
+    // reads the same one, and draws none of its own.
+    let token = guards[0].fencing_token().await.unwrap();
+    for guard in &guards {
+        assert_eq!(
+            guard.fencing_token().await.unwrap(),
+            token,
+            "reentrant acquisitions share the token"
+        );
+    }
+    let fence = format!("{}:fence", lock_key(&name));
+    assert_eq!(
+        server.cmd(&["GET", &fence]).as_str(),
+        Some(token.to_string().as_str()),
+        "one draw for the whole hold"
     );
     let hash = server.cmd(&["HVALS", &lock_key(&name)]);
     assert_eq!(
@@ -185,13 +196,17 @@ async fn a_fixed_lease_expires_and_a_stale_release_changes_nothing() {
         .await
         .unwrap();
     assert!(guard.validity() <= Duration::from_millis(300));
+    // Read while held: a plain lock's token is drawn on its first read, which a lost hold no
+    // longer gets.
+    let stale_token = guard.fencing_token().await.unwrap();
     // Not renewed: it runs out, and the guard says so.
     tokio::time::timeout(Duration::from_secs(3), guard.lost())
         .await
         .expect("fixed lease never ran out");
     assert!(!guard.is_held());
+    assert!(matches!(guard.fencing_token().await, Err(Error::LeaseLost)));
     let taken = b.lock(&name).acquire().await.unwrap();
-    assert!(taken.fencing_token() > guard.fencing_token());
+    assert!(taken.fencing_token().await.unwrap() > stale_token);
     // The stale holder's release says its lease was lost, and leaves the new holder alone.
     assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
     assert!(taken.is_held());
@@ -229,7 +244,12 @@ async fn a_fence_counter_ahead_of_the_clock_is_exceeded() {
     server.cmd(&["SET", &fence, &ahead.to_string()]);
     for i in 1..=3 {
         let guard = client.lock(&name).acquire().await.unwrap();
-        assert_eq!(guard.fencing_token(), ahead + i);
+        // Acquiring a plain lock draws nothing: the counter moves only on the holder's first read.
+        assert_eq!(
+            server.cmd(&["GET", &fence]).as_str(),
+            Some((ahead + i - 1).to_string().as_str())
+        );
+        assert_eq!(guard.fencing_token().await.unwrap(), ahead + i);
         assert_eq!(
             server.cmd(&["GET", &fence]).as_str(),
             Some((ahead + i).to_string().as_str())
@@ -239,7 +259,8 @@ async fn a_fence_counter_ahead_of_the_clock_is_exceeded() {
 }
 
 /// With the counter missing or behind, a new hold's token is the server's clock in microseconds,
-/// read between the `TIME` before the acquisition and the one after it: seconds and
+/// read between the `TIME` after the acquisition and the one after the token's first read (a plain
+/// lock draws its token then, not when it is acquired): seconds and
 /// microseconds joined, with the microseconds padded to six digits. Draws go on until one fell in
 /// the first tenth of a second, where a missing pad would lose digits.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -262,10 +283,10 @@ async fn a_new_token_is_the_server_clock_in_microseconds() {
         if draws % 2 == 0 {
             server.cmd(&["DEL", &fence]);
         }
-        let before = micros();
         let guard = client.lock(&name).acquire().await.unwrap();
+        let before = micros();
+        let token = guard.fencing_token().await.unwrap();
         let after = micros();
-        let token = guard.fencing_token();
         assert!(
             before <= token && token <= after,
             "{before} <= {token} <= {after}"
@@ -288,64 +309,110 @@ async fn a_new_token_is_the_server_clock_in_microseconds() {
 /// The batch function of relock's library as relock composes it, with the arguments relock sends:
 /// one clock reading per call, shared by the call's acquisitions, and read anew by the next call
 /// (the library's state outlives a call).
+///
+/// The acquisitions that draw at grant are a read-write lock's write side (and a fair lock's): a
+/// plain lock's acquisition draws no token (its holder draws one when it reads it), so the plain
+/// lock taken and released in the same call answers token 0, leaves its fence unwritten and reads
+/// no clock of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquisitions_in_one_batch_share_the_clock_and_still_draw_rising_tokens() {
     use fred::interfaces::FunctionInterface;
     let server = RedisServer::start();
     let admin = support::fred_client(&server.url()).await;
     let function = support::load_batch_function(&server);
-    let lock = lock_key(&unique_name("one-call"));
-    let fence = format!("{lock}:fence");
-    let channel = format!("{lock}:released");
-    let (mut keys, mut args) = (Vec::new(), vec!["6".to_string(), "PUBLISH".to_string()]);
+    let name = unique_name("one-call");
+    // A read-write lock's keys (see `RwKeys` in src/keys.rs).
+    let write = format!("relock:{{{name}}}:rw");
+    let [fence, readers, waiting, channel] =
+        ["fence", "readers", "writers", "released"].map(|part| format!("{write}:{part}"));
+    // A plain lock of another name, taken and released in the same call.
+    let plain = lock_key(&unique_name("one-call-plain"));
+    let plain_fence = format!("{plain}:fence");
+    let plain_channel = format!("{plain}:released");
+    let (mut keys, mut args) = (Vec::new(), vec!["8".to_string(), "PUBLISH".to_string()]);
     for owner in ["a:1", "b:1", "c:1"] {
-        keys.extend([lock.clone(), fence.clone(), lock.clone()]);
-        args.extend(["a", owner, "30000", "1"].map(String::from));
-        args.extend(["r", owner, "0", &channel].map(String::from));
+        keys.extend([write.clone(), fence.clone(), readers.clone(), waiting.clone()]);
+        args.extend(["w", owner, "30000", "1"].map(String::from));
+        keys.extend([write.clone(), waiting.clone()]);
+        args.extend(["o", owner, "0", &channel].map(String::from));
     }
+    keys.extend([plain.clone(), plain_fence.clone(), plain.clone()]);
+    args.extend(["a", "d:1", "30000", "1"].map(String::from));
+    args.extend(["r", "d:1", "0", &plain_channel].map(String::from));
+    let ops = ["w", "o", "w", "o", "w", "o", "a", "r"];
     let time_before = server.command_calls("time");
     let reply: Vec<i64> = admin
         .fcall(function.as_str(), keys.clone(), args.clone())
         .await
         .expect("fcall");
     assert_eq!(server.command_calls("time") - time_before, 1, "one clock reading");
+    // Per operation: its item count, then its items. A write acquisition's are {1, previous,
+    // token}; a plain one's with no previous count in short, {token}; a release's start with its
+    // code (2: released).
     let tokens = |reply: &[i64]| {
-        // Per operation: its item count, then its items; an acquisition's are {1, previous, token},
-        // or in short {token} when there was no previous count.
-        let (mut at, mut tokens) = (0, Vec::new());
-        while at < reply.len() {
+        let (mut at, mut writes, mut plains) = (0, Vec::new(), Vec::new());
+        for op in ops {
             let items = &reply[at + 1..at + 1 + reply[at] as usize];
-            if items.len() == 3 {
-                assert_eq!(items[0], 1, "granted: {reply:?}");
-                tokens.push(items[2]);
-            } else if items.len() == 1 {
-                tokens.push(items[0]);
-            } else {
-                assert_eq!(items[0], 2, "released: {reply:?}");
+            match op {
+                "w" => {
+                    assert_eq!(items.len(), 3, "{reply:?}");
+                    assert_eq!(items[..2], [1, 0], "granted: {reply:?}");
+                    writes.push(items[2]);
+                }
+                "a" => {
+                    assert_eq!(items.len(), 1, "a fresh grant in short: {reply:?}");
+                    plains.push(items[0]);
+                }
+                _ => assert_eq!(items[0], 2, "released: {reply:?}"),
             }
             at += 1 + items.len();
         }
-        tokens
+        assert_eq!(at, reply.len(), "{reply:?}");
+        (writes, plains)
     };
-    let first = tokens(&reply);
+    let (first, plains) = tokens(&reply);
     assert_eq!(first.len(), 3, "{reply:?}");
     assert!(first.windows(2).all(|w| w[0] < w[1]), "{first:?}");
-    assert!(!server.exists(&lock));
+    assert!(first[0] > 0, "{first:?}");
+    assert_eq!(
+        plains,
+        [0],
+        "a plain lock's acquisition draws no token: {reply:?}"
+    );
+    assert!(!server.exists(&write));
+    assert!(!server.exists(&plain));
+    assert!(
+        !server.exists(&plain_fence),
+        "a plain lock's fence is written only by a draw"
+    );
 
     // 50 ms later, the next call's tokens follow the clock (in µs), not the first call's reading.
     tokio::time::sleep(Duration::from_millis(50)).await;
     let reply: Vec<i64> = admin.fcall(function.as_str(), keys, args).await.expect("fcall");
-    let second = tokens(&reply);
+    let (second, _) = tokens(&reply);
     assert!(
         second[0] >= first[2] + 40_000,
         "the second call reused the first one's clock: {first:?} then {second:?}"
     );
+
+    // Plain acquisitions and releases alone read no clock at all.
+    let keys = vec![plain.clone(), plain_fence.clone(), plain.clone()];
+    let mut args = vec!["2".to_string(), "PUBLISH".to_string()];
+    args.extend(["a", "e:1", "30000", "1"].map(String::from));
+    args.extend(["r", "e:1", "0", &plain_channel].map(String::from));
+    let time_before = server.command_calls("time");
+    let reply: Vec<i64> = admin.fcall(function.as_str(), keys, args).await.expect("fcall");
+    assert_eq!(reply, [1, 0, 2, 2, 0], "granted with no token, then released");
+    assert_eq!(server.command_calls("time"), time_before, "no clock reading");
+    assert!(!server.exists(&plain_fence));
 }
 
 /// A lone fresh acquisition in short (`A`, owner, lease: what relock sends for an acquisition with
 /// nothing else in flight) answers a grant with its token alone, not in a list; a refusal with
 /// `{2, 0, ttl}` and the hold untouched; the same field found again (a resend) with
-/// `{3, 1, previous count, token}`.
+/// `{3, 1, previous count, token}`. A plain lock's acquisition draws no token (its holder draws
+/// one on its first read, see `a_plain_lock_draws_no_token_until_read`): the token is 0 in both
+/// grants, and the fence is left unwritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
     use fred::interfaces::{FunctionInterface, HashesInterface, KeysInterface};
@@ -366,8 +433,9 @@ async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
         Value::Array(items) => panic!("a grant in a list: {items:?}"),
         token => token.as_i64().expect("a token"),
     };
-    let fenced: i64 = admin.get(&fence).await.expect("GET");
-    assert_eq!(token, fenced, "the token is the fence's");
+    assert_eq!(token, 0, "a plain lock's acquisition draws no token");
+    let fenced: Option<i64> = admin.get(&fence).await.expect("GET");
+    assert_eq!(fenced, None, "the fence is not written");
 
     let refused: Vec<i64> = admin
         .fcall(function.as_str(), keys.clone(), acquire("b:1"))
@@ -386,14 +454,15 @@ async fn a_lone_fresh_acquisition_in_short_answers_its_token_alone() {
         .fcall(function.as_str(), keys, acquire("a:1"))
         .await
         .expect("fcall");
-    assert_eq!(again.len(), 4, "{again:?}");
-    assert_eq!(again[..3], [3, 1, 1], "{again:?}");
-    assert!(again[3] > token, "a fresh draw: {again:?} after {token}");
+    assert_eq!(again, [3, 1, 1, 0], "no draw on a resend either");
+    let fenced: Option<i64> = admin.get(&fence).await.expect("GET");
+    assert_eq!(fenced, None, "the fence is not written");
 }
 
 /// A batch in runs (`A+`: what relock sends for a batch of fresh acquisitions and full releases
 /// only) runs its acquisitions, then its releases, and answers each as one by one would: a grant
-/// with its token alone, a refusal with the holder's ttl (and the holder marked), a key of another
+/// with its token alone (0: a plain lock's acquisition draws none, and leaves the fence unwritten),
+/// a refusal with the holder's ttl (and the holder marked), a key of another
 /// type with that operation's error (the others run), a resend with the previous count; a release
 /// with its code, and how many heard it where one was due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -431,10 +500,10 @@ async fn a_batch_in_runs_answers_each_operation_as_one_by_one() {
             .unwrap_or_else(|| panic!("item {at} of {reply:?}"))
     };
 
-    // The free lock: its token alone, the fence's.
-    assert_eq!(int(0), 1, "{reply:?}");
-    let fenced: i64 = admin.get(fence(&free)).await.expect("GET");
-    assert_eq!(int(1), fenced, "{reply:?}");
+    // The free lock: its token alone, none drawn.
+    assert_eq!([int(0), int(1)], [1, 0], "{reply:?}");
+    let fenced: Option<i64> = admin.get(fence(&free)).await.expect("GET");
+    assert_eq!(fenced, None, "{reply:?}");
     // Another owner's hold: refused with its ttl, and marked for the waiter.
     assert_eq!([int(2), int(3)], [2, 0], "{reply:?}");
     assert!((1..=30_000).contains(&int(4)), "{reply:?}");
@@ -442,9 +511,8 @@ async fn a_batch_in_runs_answers_each_operation_as_one_by_one() {
     assert_eq!([int(5), int(6)], [2, -1], "{reply:?}");
     let message = reply[7].as_string().unwrap_or_default();
     assert!(message.contains("WRONGTYPE"), "{reply:?}");
-    // Its own hold found again: the previous count, and a fresh token.
-    assert_eq!([int(8), int(9), int(10)], [3, 1, 1], "{reply:?}");
-    assert!(int(11) > 0, "{reply:?}");
+    // Its own hold found again: the previous count, and no token drawn.
+    assert_eq!([int(8), int(9), int(10), int(11)], [3, 1, 1, 0], "{reply:?}");
     // The releases, after: the marked hold's announced (nobody subscribed), then one not held,
     // then the hold just acquired again.
     assert_eq!(
@@ -509,12 +577,9 @@ async fn fencing_tokens_increase_across_holders_and_a_wiped_server() {
         for i in 0..20 {
             let client = if i % 2 == 0 { &a } else { &b };
             let guard = client.lock(&name).acquire().await.unwrap();
-            assert!(
-                guard.fencing_token() > last,
-                "{} after {last}",
-                guard.fencing_token()
-            );
-            last = guard.fencing_token();
+            let token = guard.fencing_token().await.unwrap();
+            assert!(token > last, "{token} after {last}");
+            last = token;
             // Force-unlock must not reset the counter either.
             if i == 10 {
                 client.lock(&name).force_unlock().await.unwrap();
@@ -529,11 +594,89 @@ async fn fencing_tokens_increase_across_holders_and_a_wiped_server() {
     server.restart();
     let c = client(&server).await;
     let guard = c.lock(&name).acquire().await.unwrap();
-    assert!(
-        guard.fencing_token() > last,
-        "{} after restart, {last} before",
-        guard.fencing_token()
-    );
+    let token = guard.fencing_token().await.unwrap();
+    assert!(token > last, "{token} after restart, {last} before");
+}
+
+/// A plain lock's acquisition draws no fencing token: the fence counter is written only by the
+/// holder's first read, which draws the token in Redis (the fence is then the token); later reads
+/// of the same hold return it without drawing again. The next holder's first read draws a larger
+/// one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_lock_draws_no_token_until_read() {
+    let server = RedisServer::start();
+    let a = client(&server).await;
+    let b = client(&server).await;
+    let name = unique_name("lazy-token");
+    let fence = format!("{}:fence", lock_key(&name));
+    let fence_value = || server.cmd(&["GET", &fence]).as_int().map(|n| n as u64);
+
+    let guard = a.lock(&name).acquire().await.unwrap();
+    assert!(server.exists(&lock_key(&name)));
+    assert!(!server.exists(&fence), "the acquisition wrote the fence");
+    let token = guard.fencing_token().await.unwrap();
+    assert!(token > 0);
+    assert_eq!(fence_value(), Some(token), "the first read draws the token");
+    let again = guard.fencing_token().await.unwrap();
+    assert_eq!(again, token, "a second read returns the same token");
+    assert_eq!(fence_value(), Some(token), "a second read draws nothing");
+    assert!(guard.is_held());
+    guard.release().await.unwrap();
+
+    let next = b.lock(&name).acquire().await.unwrap();
+    assert_eq!(fence_value(), Some(token), "the next acquisition drew nothing");
+    let next_token = next.fencing_token().await.unwrap();
+    assert!(next_token > token, "{next_token} after {token}");
+    assert_eq!(fence_value(), Some(next_token));
+    next.release().await.unwrap();
+}
+
+/// A hold whose lease is gone gets no token: neither one lost in Redis behind its back (found so
+/// by the draw, which ends the hold as lost) nor one known lost already; nothing is drawn for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_hold_gets_no_token() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let name = unique_name("lost-token");
+    let key = lock_key(&name);
+    let fence = format!("{key}:fence");
+
+    // A long fixed lease (no watchdog to notice the loss first), its key deleted behind its back:
+    // the draw finds the hold gone.
+    let guard = client
+        .lock(&name)
+        .lease(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(guard.is_held());
+    server.cmd(&["DEL", &key]);
+    assert!(guard.is_held(), "nothing noticed the loss before the read");
+    let read = guard.fencing_token().await;
+    assert!(matches!(read, Err(Error::LeaseLost)), "{read:?}");
+    assert!(!guard.is_held());
+    assert!(!server.exists(&fence), "a token was drawn for a lost hold");
+    tokio::time::timeout(Duration::from_secs(1), guard.lost())
+        .await
+        .expect("the read ended the hold as lost");
+    // Asked again: answered at once from what the guard knows.
+    assert!(matches!(guard.fencing_token().await, Err(Error::LeaseLost)));
+    drop(guard);
+
+    // A short fixed lease that runs out: the same.
+    let guard = client
+        .lock(&name)
+        .lease(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(3), guard.lost())
+        .await
+        .expect("fixed lease never ran out");
+    let read = guard.fencing_token().await;
+    assert!(matches!(read, Err(Error::LeaseLost)), "{read:?}");
+    assert!(!guard.is_held());
+    assert!(!server.exists(&fence), "a token was drawn for a lost hold");
 }
 
 /// A task acquiring `lock` (waiting as long as it takes): when it got it, and its guard.
@@ -775,11 +918,11 @@ async fn drop_releases_in_the_background_even_on_panic() {
     // right after it starts a new hold rather than re-entering the old one.
     let lock = client.lock(&name);
     let first = lock.acquire().await.unwrap();
-    let token = first.fencing_token();
+    let token = first.fencing_token().await.unwrap();
     drop(first);
     let second = lock.acquire().await.unwrap();
     assert_eq!(second.hold_count(), 1);
-    assert!(second.fencing_token() > token);
+    assert!(second.fencing_token().await.unwrap() > token);
     assert!(second.is_held());
     tokio::time::sleep(Duration::from_millis(200)).await; // let the first release reach Redis
     assert!(
@@ -845,7 +988,9 @@ async fn an_explicit_owner_shares_one_hold_across_tasks() {
         .await
         .unwrap();
     assert_eq!(second.hold_count(), 2);
-    assert_eq!(first.fencing_token(), second.fencing_token());
+    // Drawn by the second guard's read (in this task), read by the first's from the same hold.
+    let token = second.fencing_token().await.unwrap();
+    assert_eq!(first.fencing_token().await.unwrap(), token);
     // Released from another task than the one that took it.
     tokio::spawn(async move { first.release().await.unwrap() })
         .await

@@ -56,12 +56,14 @@ async fn all_or_none_and_nothing_left_when_one_name_is_taken() {
     assert_eq!(guard.guards().len(), 3);
     for name in &names {
         assert!(server.exists(&lock_key(name)));
-        assert!(guard.fencing_token(name).is_some_and(|t| t > 0));
+        let token = guard.fencing_token(name).await.unwrap();
+        assert!(token.is_some_and(|t| t > 0), "{name}: {token:?}");
         assert!(
             b.lock(name).try_acquire().await.unwrap().is_none(),
             "{name} is held by the set"
         );
     }
+    assert_eq!(guard.fencing_token("not in the set").await.unwrap(), None);
     guard.release().await.unwrap();
     for name in &names {
         assert!(!server.exists(&lock_key(name)));
@@ -320,8 +322,18 @@ async fn on_one_server_a_set_is_taken_by_one_script_call() {
         1,
         "one script call for five names"
     );
-    let tokens: Vec<u64> = names.iter().map(|n| guard.fencing_token(n).unwrap()).collect();
+    // Drawn by that call (a set taken in one script draws its tokens at grant): reading them costs
+    // no call.
+    let mut tokens = Vec::new();
+    for name in &names {
+        tokens.push(guard.fencing_token(name).await.unwrap().expect("in the set"));
+    }
     assert!(tokens.iter().all(|t| *t > 0));
+    assert_eq!(
+        server.command_calls("evalsha") - before,
+        1,
+        "the tokens were drawn with the set"
+    );
     drop(guard);
     // A refusal is one call too, and writes nothing: the free names stay free.
     let blocker = other.lock(&names[3]).acquire().await.unwrap();

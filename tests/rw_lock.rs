@@ -49,7 +49,7 @@ async fn many_readers_or_one_writer() {
         .await
         .unwrap()
         .expect("a third reader");
-    assert_eq!(r1.fencing_token(), 0);
+    assert_eq!(r1.fencing_token().await.unwrap(), 0, "readers draw no token");
     assert!(rb.read().is_locked().await.unwrap());
     assert!(!rb.write().is_locked().await.unwrap());
     // No writer while any reads.
@@ -77,7 +77,11 @@ async fn many_readers_or_one_writer() {
         .await
         .unwrap()
         .expect("the writer once every reader left");
-    assert!(w.fencing_token() > 0);
+    // The write side draws its token when granted: the fence has it before any read.
+    let fence = server.cmd(&["GET", &format!("{}:fence", rw_key(&name))]);
+    let w_token = w.fencing_token().await.unwrap();
+    assert!(w_token > 0);
+    assert_eq!(fence.as_str(), Some(w_token.to_string().as_str()));
     assert!(rb.write().is_locked().await.unwrap());
     // No reader and no other writer while it writes.
     assert!(ra
@@ -94,10 +98,12 @@ async fn many_readers_or_one_writer() {
         .await
         .unwrap()
         .is_none());
-    let w_token = w.fencing_token();
     w.release().await.unwrap();
     let w2 = ra.write().acquire().await.unwrap();
-    assert!(w2.fencing_token() > w_token, "tokens rise across writers");
+    assert!(
+        w2.fencing_token().await.unwrap() > w_token,
+        "tokens rise across writers"
+    );
     w2.release().await.unwrap();
     assert!(!ra.is_locked().await.unwrap());
     // Nothing left behind but the fence counter.
@@ -119,7 +125,10 @@ async fn both_sides_are_reentrant_and_a_writer_may_downgrade() {
     let w1 = rw.write().acquire().await.unwrap();
     let w2 = rw.write().acquire().await.unwrap();
     assert_eq!(w2.hold_count(), 2);
-    assert_eq!(w2.fencing_token(), w1.fencing_token());
+    assert_eq!(
+        w2.fencing_token().await.unwrap(),
+        w1.fencing_token().await.unwrap()
+    );
     // The writer reads (Redisson: a read lock inside the write lock).
     let r1 = rw.read().acquire().await.unwrap();
     let r2 = rw.read().acquire().await.unwrap();
@@ -545,7 +554,7 @@ fn the_rw_lock_follows_its_model_under_random_steps() {
                         let got = rw(o).write().owner(owners[o].clone()).try_acquire().await;
                         if !writes[o].is_empty() {
                             let guard = got.expect("re-entered").expect("granted");
-                            prop_assert_eq!(guard.fencing_token(), last_token);
+                            prop_assert_eq!(guard.fencing_token().await.expect("token"), last_token);
                             writes[o].push(guard);
                         } else if !reads[o].is_empty() {
                             prop_assert!(matches!(got, Err(Error::Upgrade(_))), "{:?}: {:?}", step, got);
@@ -554,8 +563,9 @@ fn the_rw_lock_follows_its_model_under_random_steps() {
                             let got = got.expect("write");
                             prop_assert_eq!(got.is_some(), !busy, "{:?}", step);
                             if let Some(guard) = got {
-                                prop_assert!(guard.fencing_token() > last_token);
-                                last_token = guard.fencing_token();
+                                let token = guard.fencing_token().await.expect("token");
+                                prop_assert!(token > last_token);
+                                last_token = token;
                                 writes[o].push(guard);
                             }
                         }
@@ -629,7 +639,7 @@ async fn on_a_cluster_every_key_is_in_the_lock_slot_and_waiters_are_woken() {
         "{:?}",
         granted - released
     );
-    assert!(guard.fencing_token() > 0);
+    assert!(guard.fencing_token().await.unwrap() > 0);
     guard.release().await.unwrap();
 }
 

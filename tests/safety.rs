@@ -391,11 +391,13 @@ async fn attempts_during_an_outage_are_not_replayed() {
     server.restart();
     // Let the client reconnect and flush whatever it kept.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let fences = server.keys("relock:{outage-*}:fence");
+    // A replayed acquisition would have written its lock (a plain lock draws no token, so no
+    // fence), which stays for the lease.
+    let written = server.keys("*outage-*");
     assert!(
-        fences.is_empty(),
-        "{} attempts were replayed at reconnect",
-        fences.len()
+        written.is_empty(),
+        "{} attempts were replayed at reconnect: {written:?}",
+        written.len()
     );
 }
 
@@ -410,16 +412,37 @@ async fn a_cluster_node_needs_a_cluster_url() {
     );
 }
 
-/// A fence key of another type fails an acquisition before anything is written.
+/// A fence key of another type fails the draw of a token before anything is written; a plain
+/// lock's acquisition does not touch the fence, and a fair lock's (which draws at the grant) fails
+/// before it writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_fence_fails_before_any_write() {
     let server = RedisServer::start();
     let client = LockClient::connect(&server.url()).await.unwrap();
     let name = unique_name("fence");
-    server.cmd(&["LPUSH", &format!("{}:fence", lock_key(&name)), "x"]);
-    let err = client.lock(&name).try_acquire().await.unwrap_err();
+    let fence = format!("{}:fence", lock_key(&name));
+    server.cmd(&["LPUSH", &fence, "x"]);
+    let guard = client
+        .lock(&name)
+        .try_acquire()
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let err = guard.fencing_token().await.unwrap_err();
     assert!(matches!(err, Error::WrongType(_)), "{err:?}");
-    assert!(!server.exists(&lock_key(&name)), "the lock was written");
+    assert_eq!(
+        server.cmd(&["LRANGE", &fence, "0", "-1"]),
+        Reply::Array(vec![Reply::Str("x".into())])
+    );
+    assert!(guard.is_held(), "a failed draw leaves the hold alone");
+    guard.release().await.unwrap();
+
+    let fair = unique_name("fence-fair");
+    let fair_key = format!("{}:fair", lock_key(&fair));
+    server.cmd(&["LPUSH", &format!("{fair_key}:fence"), "x"]);
+    let err = client.fair_lock(&fair).try_acquire().await.unwrap_err();
+    assert!(matches!(err, Error::WrongType(_)), "{err:?}");
+    assert!(!server.exists(&fair_key), "the lock was written");
 }
 
 /// The owner's next acquisition replaces an ended generation of its own hold that is still in

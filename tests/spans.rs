@@ -103,7 +103,9 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
     let other = LockClient::connect(&server.url()).await.expect("connect");
     let name = unique_name("spans");
     let guard = client.lock(&name).acquire().await.expect("acquire");
-    let token = guard.fencing_token();
+    // A plain lock's token is drawn on its first read, after the acquire span closed.
+    let token = guard.fencing_token().await.expect("token");
+    assert!(token > 0);
     // Held across a few watchdog rounds, then refused to another client.
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(other.lock(&name).try_acquire().await.expect("try").is_none());
@@ -111,6 +113,21 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
     let gave_up = tokio::time::timeout(Duration::from_millis(100), other.lock(&name).acquire()).await;
     assert!(gave_up.is_err(), "the lock was held");
     guard.release().await.expect("release");
+    // A fair lock and the write side of a read-write lock draw their tokens when granted: their
+    // acquire spans record them.
+    let fair_name = unique_name("spans-fair");
+    let fair = client.fair_lock(&fair_name).acquire().await.expect("acquire");
+    let fair_token = fair.fencing_token().await.expect("token");
+    fair.release().await.expect("release");
+    let write_name = unique_name("spans-write");
+    let write = client
+        .rw_lock(&write_name)
+        .write()
+        .acquire()
+        .await
+        .expect("acquire");
+    let write_token = write.fencing_token().await.expect("token");
+    write.release().await.expect("release");
     client.shutdown().await;
     other.shutdown().await;
 
@@ -131,7 +148,26 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
         .find(|c| c.fields.get("outcome").map(String::as_str) == Some("granted"))
         .expect("a granted acquire span");
     assert_eq!(granted.fields.get("mode").map(String::as_str), Some("wait"));
-    assert_eq!(granted.fields.get("token"), Some(&token.to_string()));
+    // A plain lock's grant carries no token (none is drawn until the holder reads it): the span's
+    // `token` stays empty.
+    assert_eq!(granted.fields.get("token"), None, "{granted:?}");
+    for (lock, token) in [(&fair_name, fair_token), (&write_name, write_token)] {
+        let granted: Vec<&Closed> = closed
+            .iter()
+            .filter(|c| c.name == "acquire" && c.fields.get("lock") == Some(lock))
+            .collect();
+        assert_eq!(granted.len(), 1, "{closed:#?}");
+        assert_eq!(
+            granted[0].fields.get("outcome").map(String::as_str),
+            Some("granted")
+        );
+        assert!(token > 0, "{lock}: {token}");
+        assert_eq!(
+            granted[0].fields.get("token"),
+            Some(&token.to_string()),
+            "{lock}: drawn at grant, recorded in the span"
+        );
+    }
     assert!(
         granted.fields.get("owner").is_some_and(|o| !o.is_empty()),
         "{granted:?}"
@@ -156,7 +192,14 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
             .is_some_and(|w| w >= 90_000),
         "{cancelled:?}"
     );
-    assert_eq!(with("release", "outcome", "released"), 1, "{closed:#?}");
+    let releases = closed
+        .iter()
+        .filter(|c| c.name == "release" && c.fields.get("lock") == Some(&name))
+        .filter(|c| c.fields.get("outcome").map(String::as_str) == Some("released"))
+        .count();
+    assert_eq!(releases, 1, "{closed:#?}");
+    // The fair and the write lock's releases.
+    assert_eq!(with("release", "outcome", "released"), 3, "{closed:#?}");
     let rounds = closed.iter().filter(|c| c.name == "watchdog_round").count();
     assert!(rounds >= 2, "{rounds} watchdog rounds: {closed:#?}");
 

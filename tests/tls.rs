@@ -41,7 +41,9 @@ async fn hold_reenter_and_hand_over(client: &LockClient, exists: impl Fn(&str) -
     let name = unique_name("handover");
     let lock = client.lock(&name);
     let guard = lock.acquire().await.expect("acquire");
-    assert!(guard.fencing_token() > 0);
+    // Drawn here (a plain lock's first read), over the same connection.
+    let token = guard.fencing_token().await.expect("token");
+    assert!(token > 0);
     let inner = lock.acquire().await.expect("re-enter");
     assert_eq!(inner.hold_count(), 2);
     inner.release().await.expect("inner release");
@@ -52,14 +54,14 @@ async fn hold_reenter_and_hand_over(client: &LockClient, exists: impl Fn(&str) -
         let lock = lock.clone();
         async move {
             let guard = lock.acquire().await.expect("the waiter acquires");
-            let token = guard.fencing_token();
+            let token = guard.fencing_token().await.expect("token");
             guard.release().await.expect("the waiter releases");
             token
         }
     }));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished(), "the waiter got a held lock");
-    let token = guard.fencing_token();
+    assert_eq!(guard.fencing_token().await.expect("token"), token);
     let released = Instant::now();
     guard.release().await.expect("release");
     let next = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -402,7 +404,7 @@ async fn a_user_without_functions_runs_the_scripts() {
             .acquire()
             .await
             .expect("acquire after the function was refused");
-        assert!(guard.fencing_token() > 0);
+        assert!(guard.fencing_token().await.expect("token") > 0);
         guard.release().await.expect("release");
         assert!(!server.exists(&lock_key(&name)), "{user}");
         // The acquisition (the release, alone, is an `HDEL`: no script).

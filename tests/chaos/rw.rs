@@ -134,7 +134,8 @@ pub async fn read_and_write(
         let t = now_ns();
         let valid_ns = guard.validity().as_nanos() as u64;
         if write {
-            let token = guard.fencing_token();
+            // Drawn at the grant (the write side's): read at once.
+            let token = guard.fencing_token().await.unwrap_or(0);
             emit(t, Kind::Grant { token, valid_ns });
         } else {
             emit(t, Kind::Shared { valid_ns });
@@ -228,7 +229,8 @@ pub async fn wait_in_line(
         emit(
             t,
             Kind::Grant {
-                token: guard.fencing_token(),
+                // Drawn at the grant (a fair lock's): read at once.
+                token: guard.fencing_token().await.unwrap_or(0),
                 valid_ns,
             },
         );

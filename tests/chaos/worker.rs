@@ -429,12 +429,16 @@ async fn sell(
         };
         // Read the clock first, then the validity: the claim can only err on the short side.
         let t = now_ns();
+        let valid = valid_ns(&guard);
+        // A plain lock's token is drawn on its first read, while the hold holds the lock in Redis:
+        // a hold lost by then gets none (token 0: no section's token to judge) and writes nothing.
+        let token = guard.fencing_token().await.unwrap_or(0);
         emit(
             item,
             t,
             Kind::Grant {
-                token: guard.fencing_token(),
-                valid_ns: valid_ns(&guard),
+                token,
+                valid_ns: valid,
             },
         );
         emit(item, now_ns(), Kind::Calls(calls));
@@ -446,8 +450,10 @@ async fn sell(
             ),
         };
         let thinks: Vec<Duration> = (0..64).map(|_| rng.between(think.0, think.1)).collect();
-        let token = guard.fencing_token();
         let work = async {
+            if token == 0 {
+                return;
+            }
             let until = tokio::time::Instant::now() + hold;
             for think in thinks {
                 let t = now_ns();
