@@ -47,6 +47,15 @@ fn info(server: &RedisServer, section: &str) -> String {
     server.cmd(&["INFO", section]).as_str().unwrap_or("").to_string()
 }
 
+/// `used_memory` of `server`, in bytes.
+pub fn redis_used_memory(server: &RedisServer) -> u64 {
+    info(server, "memory")
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
 /// `used_cpu_sys + used_cpu_user` of `server`, in seconds.
 pub fn redis_cpu_seconds(server: &RedisServer) -> f64 {
     info(server, "cpu")

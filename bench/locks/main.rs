@@ -6,10 +6,12 @@
 //! cargo bench -p relock-bench -- --quick                  # everything, 1 s per row (under 2 minutes)
 //! cargo bench -p relock-bench                             # everything, 8 s per row (about 10 minutes)
 //! cargo bench -p relock-bench -- --quick --only hot,floor # only these workloads
+//! cargo bench -p relock-bench -- --docs                   # no run: locks.json into the docs
 //! ```
 //!
 //! Prints a Markdown table (rows, then the targets computed from this run's rows); writes
-//! `target/bench/locks.json` and `target/bench/locks.svg`.
+//! `target/bench/locks.json` and `target/bench/locks.svg`. `--docs` renders that JSON into the tables
+//! of `docs/performance.md` and the summary of `README.md` (see `docs.rs`).
 //!
 //! Workloads, by their `--only` names:
 //!
@@ -32,6 +34,9 @@
 //! - `watchdog`: 10,000 held locks renewed by the watchdog.
 //! - `waiters`: 10,000 tasks waiting on 10,000 held locks.
 //! - `cluster`: uncontended cycles and the watchdog on a Redis Cluster of three primaries.
+//! - `network`: the uncontended, hot-lock and Redlock rows again, every library reaching Redis
+//!   through the same userspace proxy that delays each way by 250 µs (a same-zone round trip; the
+//!   kernel here has no `netem`).
 //! - `family`: relock's semaphore, 10 permits shared by 64 tasks over 4 clients, 1 ms sections
 //!   (no peer has one: judged against the ideal of 10,000 sections/s); and its read-write lock,
 //!   read-heavy: 64 tasks over 4 clients, each section a read with probability 95 % (else a
@@ -49,6 +54,7 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod docs;
 mod host;
 mod peers;
 mod report;
@@ -73,10 +79,11 @@ pub enum Group {
     Waiters,
     Cluster,
     Family,
+    Network,
 }
 
 impl Group {
-    const ALL: [Group; 10] = [
+    const ALL: [Group; 11] = [
         Group::Floor,
         Group::Ceiling,
         Group::Uncontended,
@@ -87,6 +94,7 @@ impl Group {
         Group::Waiters,
         Group::Cluster,
         Group::Family,
+        Group::Network,
     ];
 
     fn name(self) -> &'static str {
@@ -101,6 +109,7 @@ impl Group {
             Group::Waiters => "waiters",
             Group::Cluster => "cluster",
             Group::Family => "family",
+            Group::Network => "network",
         }
     }
 
@@ -158,7 +167,55 @@ impl Mode {
     }
 }
 
+/// The network's delay each way in the `network` rows: a typical round trip within one zone.
+const NET_DELAY: Duration = Duration::from_micros(250);
+
+/// The uncontended, hot-lock and Redlock rows with every library reaching Redis through the same
+/// delaying proxy ([`NET_DELAY`] each way; one per master), beside the local rows.
+async fn network(mode: &Mode, server: &RedisServer, rows: &mut Vec<rows::Row>) {
+    use support::delay::DelayProxy;
+    let as_net = |rows: &mut Vec<rows::Row>, from: usize, workload: rows::Workload| {
+        for row in &mut rows[from..] {
+            row.workload = workload;
+        }
+    };
+    let proxy = DelayProxy::start(server.port(), NET_DELAY);
+    let from = rows.len();
+    workloads::uncontended_via(mode, server, &proxy.url(), rows).await;
+    as_net(rows, from, rows::Workload::NetUncontended);
+    let from = rows.len();
+    workloads::hot_lock_via(mode, server, &proxy.url(), rows).await;
+    as_net(rows, from, rows::Workload::NetHotLock);
+    let masters: Vec<RedisServer> = (0..5).map(|_| RedisServer::start()).collect();
+    let proxies: Vec<DelayProxy> = masters
+        .iter()
+        .map(|m| DelayProxy::start(m.port(), NET_DELAY))
+        .collect();
+    let urls: Vec<String> = proxies.iter().map(DelayProxy::url).collect();
+    let from = rows.len();
+    workloads::redlock_quorum_via(mode, &masters, &urls, rows).await;
+    as_net(rows, from, rows::Workload::NetRedlock);
+}
+
 fn main() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    if std::env::args().any(|a| a == "--docs") {
+        let json = root.join("target/bench/locks.json");
+        let rendered = std::fs::read_to_string(&json)
+            .map_err(|err| format!("{}: {err} (run the bench first)", json.display()))
+            .and_then(|json| docs::write(&json, &root));
+        match rendered {
+            Ok(()) => eprintln!(
+                "wrote the tables of docs/performance.md and README.md from {}",
+                json.display()
+            ),
+            Err(err) => {
+                eprintln!("{err}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let mode = Mode::from_args();
     let rounds = RoundLog::default();
     {
@@ -208,6 +265,7 @@ fn main() {
                     workloads::read_heavy(&mode, &server, &mut rows).await;
                     workloads::fair_handoff(&mode, &server, &mut rows).await;
                 }
+                Group::Network => network(&mode, &server, &mut rows).await,
             }
         }
         eprintln!("done in {:.0} s", started.elapsed().as_secs_f64());

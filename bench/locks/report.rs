@@ -150,9 +150,20 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         let m = Metric::RedisCpuUsPerCycle;
         if let (Some(relock), Some((peer, low))) = (relock(u, p, m), best_peer(rows, u, p, m, false)) {
             out.push(target(
-                format!("uncontended {p}: Redis CPU per cycle <= 1.5x best peer"),
+                format!("uncontended {p}: Redis CPU per cycle <= 1.1x best peer"),
                 format!("{relock:.1} µs, {:.2}x of {peer}", relock / low.max(1e-9)),
-                relock <= 1.5 * low,
+                relock <= 1.1 * low,
+            ));
+        }
+        // relock's layers: at least as fast as its own commands sent through fred alone.
+        if let (Some(relock), Some(own)) = (
+            relock(u, p, c),
+            figure(rows, u, Library::FredRelockCommands, p, c),
+        ) {
+            out.push(target(
+                format!("uncontended {p}: cycles/s >= 1.0x relock's own commands on fred"),
+                format!("{:.2}x", relock / own.max(1e-9)),
+                relock >= own,
             ));
         }
     }
@@ -190,9 +201,9 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
         }
         if let Some(busy) = relock(h, p, Metric::Utilization) {
             out.push(target(
-                format!("hot lock {contenders} contenders: held >= 90% of the time (sections as they ran)"),
-                format!("{:.0}%", busy * 100.0),
-                busy >= 0.9,
+                format!("hot lock {contenders} contenders: held >= 95% of the time (sections as they ran)"),
+                format!("{:.1}%", busy * 100.0),
+                busy >= 0.95,
             ));
         }
         if let (Some(gap), Some(rtt)) = (relock(h, p, Metric::IdleGapP50Us), floor_rtt) {
@@ -235,6 +246,27 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
             n5 <= 1.5 * n1,
         ));
     }
+    let rs = |n: usize| {
+        figure(
+            rows,
+            Workload::Redlock,
+            Library::Rslock,
+            Params::Masters(n),
+            Metric::AcquireP50Us,
+        )
+    };
+    if let (Some(n5), Some(n1), Some(rs5), Some(rs1)) = (
+        q(5, Metric::AcquireP50Us),
+        q(1, Metric::AcquireP50Us),
+        rs(5),
+        rs(1),
+    ) {
+        out.push(target(
+            "redlock acquire p50, N=5 over N=1: no worse than rslock's",
+            format!("{:.2}x (rslock {:.2}x)", n5 / n1, rs5 / rs1),
+            n5 / n1 <= rs5 / rs1,
+        ));
+    }
     for n in [3usize, 5] {
         let rs = figure(rows, Workload::Redlock, Library::Rslock, Params::Masters(n), c);
         if let (Some(relock), Some(rs)) = (q(n, c), rs) {
@@ -242,6 +274,33 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
                 format!("redlock N={n}: cycles/s >= rslock"),
                 format!("{:.2}x", relock / rs),
                 relock >= rs,
+            ));
+        }
+    }
+
+    // (6) Across a network (every library through the same delaying proxy).
+    for tasks in [1usize, 16, 256] {
+        let (w, p) = (Workload::NetUncontended, Params::Tasks(tasks));
+        if let (Some(relock), Some((peer, best))) = (relock(w, p, c), best_peer(rows, w, p, c, true)) {
+            out.push(target(
+                format!("{} {p}: cycles/s >= 1.0x best peer", w.name()),
+                format!("{:.2}x of {peer}", relock / best.max(1e-9)),
+                relock >= best,
+            ));
+        }
+    }
+    for contenders in [8usize, 64, 512] {
+        let (w, m) = (Workload::NetHotLock, Metric::SectionsPerS);
+        let p = Params::Hot {
+            contenders,
+            clients: HOT_CLIENTS,
+            retry: Retry::Waits,
+        };
+        if let (Some(relock), Some((peer, best))) = (relock(w, p, m), best_peer(rows, w, p, m, true)) {
+            out.push(target(
+                format!("{} {contenders} contenders: sections/s >= every peer", w.name()),
+                format!("{:.2}x of {peer}", relock / best.max(1e-9)),
+                relock >= best,
             ));
         }
     }
@@ -271,6 +330,28 @@ pub fn targets(rows: &[Row]) -> Vec<Target> {
             format!("watchdog: < 2% of a core ({})", row.params),
             format!("{cpu:.2}%"),
             cpu < 2.0,
+        ));
+    }
+    // 100,000 held locks with the default settings (a full run only).
+    if let Some(row) = rows.iter().find(|r| {
+        r.workload == Workload::Watchdog
+            && r.library == Library::Relock
+            && matches!(r.params, Params::Watchdog { locks: 100_000, .. })
+    }) {
+        let client = row.get(Metric::ClientCpuPctOfCore).unwrap_or(f64::MAX);
+        out.push(target(
+            format!(
+                "watchdog, 100,000 held locks, default settings: <= 1% of a core in the client ({})",
+                row.params
+            ),
+            format!("{client:.2}%"),
+            client <= 1.0,
+        ));
+        let redis = row.get(Metric::RedisCpuPctOfCore).unwrap_or(f64::MAX);
+        out.push(target(
+            "watchdog, 100,000 held locks: <= 3% of a core in Redis",
+            format!("{redis:.2}%"),
+            redis <= 3.0,
         ));
     }
     if let Some(row) = rows
@@ -403,8 +484,10 @@ fn ratios(rows: &[Row], row: &Row) -> Vec<String> {
         };
     }
     let main = match row.workload {
-        Workload::Contended | Workload::HotLock => Metric::SectionsPerS,
-        Workload::Uncontended | Workload::Redlock => Metric::CyclesPerS,
+        Workload::Contended | Workload::HotLock | Workload::NetHotLock => Metric::SectionsPerS,
+        Workload::Uncontended | Workload::Redlock | Workload::NetUncontended | Workload::NetRedlock => {
+            Metric::CyclesPerS
+        }
         _ => return Vec::new(),
     };
     let Some(value) = row.get(main) else {

@@ -34,6 +34,13 @@ pub enum Workload {
     /// Tasks contending for one lock with a 1 ms critical section: relock's fair lock (granted in
     /// arrival order, the next waiter woken by name), and the plain lock as its baseline.
     FairHandoff,
+    /// [`Uncontended`](Workload::Uncontended), every library through the same delaying proxy
+    /// (`NET_DELAY` each way, see `main.rs`).
+    NetUncontended,
+    /// [`HotLock`](Workload::HotLock) through the delaying proxy.
+    NetHotLock,
+    /// [`Redlock`](Workload::Redlock), each master through a delaying proxy of its own.
+    NetRedlock,
 }
 
 impl Workload {
@@ -52,6 +59,9 @@ impl Workload {
             Workload::FairHandoff => "fair lock handoff",
             Workload::ClusterUncontended => "cluster uncontended",
             Workload::ClusterWatchdog => "cluster watchdog",
+            Workload::NetUncontended => "uncontended, 250 µs away",
+            Workload::NetHotLock => "hot lock, 250 µs away",
+            Workload::NetRedlock => "redlock, 250 µs away",
         }
     }
 }
@@ -382,7 +392,9 @@ pub enum Metric {
     RoundMs,
     RoundsSeen,
     ClientCpuPctOfCore,
+    RedisCpuPctOfCore,
     BytesPerHeldLock,
+    RedisBytesPerHeldLock,
     HeldAfter,
     DistinctSlots,
     ConnectionsOpened,
@@ -443,7 +455,9 @@ impl Metric {
             Metric::RoundMs => "round_ms",
             Metric::RoundsSeen => "rounds_seen",
             Metric::ClientCpuPctOfCore => "client_cpu_pct_of_core",
+            Metric::RedisCpuPctOfCore => "redis_cpu_pct_of_core",
             Metric::BytesPerHeldLock => "bytes_per_held_lock",
+            Metric::RedisBytesPerHeldLock => "redis_bytes_per_held_lock",
             Metric::HeldAfter => "held_after",
             Metric::DistinctSlots => "distinct_slots",
             Metric::ConnectionsOpened => "connections_opened",

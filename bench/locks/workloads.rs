@@ -13,12 +13,12 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use tokio::time::Instant;
 
-pub use contended::{contended, hot_lock, semaphore};
+pub use contended::{contended, hot_lock, hot_lock_via, semaphore};
 pub use fair::fair_handoff;
 pub use floor::{ceiling, floor};
 pub use rw::read_heavy;
 pub use scale::{cluster_rows, waiters_scale, watchdog_scale};
-pub use uncontended::{redlock_quorum, uncontended};
+pub use uncontended::{redlock_quorum, redlock_quorum_via, uncontended, uncontended_via};
 
 use crate::host::{measured, Cost, Per};
 use crate::peers::{self, Contender, Handoff};

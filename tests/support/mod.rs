@@ -2,6 +2,7 @@
 //! restart), and a tiny synchronous RESP client for assertions that does not go through relock.
 #![allow(dead_code)]
 
+pub mod delay;
 pub mod proxy;
 pub mod tls;
 pub mod topologies;

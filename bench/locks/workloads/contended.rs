@@ -26,6 +26,7 @@ const REDLOCK_MAX_CONTENDERS: usize = 64;
 async fn relock_contend(
     mode: &Mode,
     server: &RedisServer,
+    url: &str,
     tasks: usize,
     clients: usize,
     section: Duration,
@@ -33,7 +34,7 @@ async fn relock_contend(
 ) -> Run {
     let mut connected = Vec::new();
     for _ in 0..clients {
-        let client = LockClient::connect_with(&server.url(), config.clone()).await;
+        let client = LockClient::connect_with(url, config.clone()).await;
         connected.push(client.expect("connect"));
     }
     let name = support::unique_name("c");
@@ -52,12 +53,13 @@ async fn relock_contend(
 async fn peers_contend(
     mode: &Mode,
     server: &RedisServer,
+    url: &str,
     tasks: usize,
     clients: usize,
     section: Duration,
     retry: Retry,
 ) -> Vec<Result<Run, (Library, &'static str)>> {
-    let urls = vec![server.url()];
+    let urls = vec![url.to_string()];
     let name = support::unique_name("c");
     let mut runs = Vec::new();
 
@@ -115,9 +117,19 @@ pub async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     const NOTE: &str = "empty critical section: measures barging";
     for tasks in [2usize, 8, 32] {
         let params = Params::Tasks(tasks);
-        let r = relock_contend(mode, server, tasks, 2, Duration::ZERO, &LockConfig::default()).await;
+        let url = server.url();
+        let r = relock_contend(
+            mode,
+            server,
+            &url,
+            tasks,
+            2,
+            Duration::ZERO,
+            &LockConfig::default(),
+        )
+        .await;
         rows.push(r.contended_row(params, &[NOTE]));
-        for r in peers_contend(mode, server, tasks, 2, Duration::ZERO, Retry::Default).await {
+        for r in peers_contend(mode, server, &url, tasks, 2, Duration::ZERO, Retry::Default).await {
             rows.push(match r {
                 Ok(r) => r.contended_row(params, &[NOTE, "polls"]),
                 Err((library, why)) => Row::new(Workload::Contended, library, params).note(why),
@@ -129,6 +141,12 @@ pub async fn contended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
 /// One hot lock, a 1 ms critical section, 8, 64 and 512 contenders over 4 clients; each peer at its
 /// default retry settings and polling tightly.
 pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    hot_lock_via(mode, server, &server.url(), rows).await;
+    handoff_windows(mode, server, rows).await;
+}
+
+/// [`hot_lock`]'s rows, every library reaching `server` at `url` (a proxy, or the server itself).
+pub async fn hot_lock_via(mode: &Mode, server: &RedisServer, url: &str, rows: &mut Vec<Row>) {
     for contenders in [8usize, 64, 512] {
         let params = |retry| Params::Hot {
             contenders,
@@ -136,10 +154,10 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             retry,
         };
         let default = LockConfig::default();
-        let r = relock_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION, &default).await;
+        let r = relock_contend(mode, server, url, contenders, HOT_CLIENTS, HOT_SECTION, &default).await;
         rows.push(r.hot_row(params(Retry::Waits)));
         for retry in [Retry::Default, Retry::Tight] {
-            for r in peers_contend(mode, server, contenders, HOT_CLIENTS, HOT_SECTION, retry).await {
+            for r in peers_contend(mode, server, url, contenders, HOT_CLIENTS, HOT_SECTION, retry).await {
                 rows.push(match r {
                     Ok(r) => r.hot_row(params(retry)),
                     Err((library, why)) => Row::new(Workload::HotLock, library, params(retry)).note(why),
@@ -147,7 +165,6 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
             }
         }
     }
-    handoff_windows(mode, server, rows).await;
 }
 
 /// relock's hot lock at [`WINDOW_CONTENDERS`] contenders with a shorter and a longer
@@ -157,7 +174,17 @@ pub async fn hot_lock(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
 async fn handoff_windows(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
     for window_ms in WINDOWS_MS {
         let config = LockConfig::default().handoff_window(Duration::from_millis(window_ms));
-        let r = relock_contend(mode, server, WINDOW_CONTENDERS, HOT_CLIENTS, HOT_SECTION, &config).await;
+        let url = server.url();
+        let r = relock_contend(
+            mode,
+            server,
+            &url,
+            WINDOW_CONTENDERS,
+            HOT_CLIENTS,
+            HOT_SECTION,
+            &config,
+        )
+        .await;
         let params = Params::HotWindow {
             contenders: WINDOW_CONTENDERS,
             clients: HOT_CLIENTS,

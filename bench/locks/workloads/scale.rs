@@ -1,6 +1,7 @@
 //! Many locks at once: the watchdog renewing 10,000 held locks (one server, and a Redis Cluster of
-//! three primaries with the names spread over the slots), 10,000 tasks waiting on 10,000 held locks,
-//! and the uncontended cycle on the cluster.
+//! three primaries with the names spread over the slots) and, in a full run, 100,000 with the
+//! default settings; 10,000 tasks waiting on 10,000 held locks; and the uncontended cycle on the
+//! cluster.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,13 +12,19 @@ use relock::{LockClient, LockConfig};
 use tokio::time::Instant;
 
 use super::uncontended::relock_cycles;
-use crate::host::{client_connections, evalsha_calls, process_cpu_seconds, rss_bytes, RoundLog};
+use crate::host::{
+    client_connections, evalsha_calls, process_cpu_seconds, redis_cpu_seconds, redis_used_memory, rss_bytes,
+    RoundLog,
+};
 use crate::rows::{Library, Metric, Params, Row, Workload};
 use crate::support::topologies::RedisCluster;
 use crate::support::{self, RedisServer};
 use crate::Mode;
 
 const LOCKS: usize = 10_000;
+
+/// The locks of the scale row (a full run only): one client holding them with default settings.
+const MANY_LOCKS: usize = 100_000;
 
 /// Whole renew intervals watched.
 const WINDOW_ROUNDS: u32 = 3;
@@ -30,6 +37,8 @@ struct Window {
     mean_round: Duration,
     /// This process's CPU over the window, as a share of one core.
     client_cpu_share: f64,
+    /// The servers' CPU over the window, as a share of one core.
+    redis_cpu_share: f64,
 }
 
 /// Watches the watchdog of `servers` for [`WINDOW_ROUNDS`] intervals, after skipping to a round
@@ -38,13 +47,16 @@ struct Window {
 async fn watch_rounds(servers: &[&RedisServer], interval: Duration, rounds: &RoundLog) -> Window {
     let calls = || servers.iter().map(|s| evalsha_calls(s)).sum::<u64>();
     tokio::time::sleep(interval + Duration::from_millis(200)).await;
+    let redis_cpu = || servers.iter().map(|s| redis_cpu_seconds(s)).sum::<f64>();
     let calls_before = calls();
     let cpu_before = process_cpu_seconds();
+    let redis_before = redis_cpu();
     rounds.clear();
     let start = Instant::now();
     tokio::time::sleep(interval * WINDOW_ROUNDS).await;
     let (rounds_seen, mean_round) = rounds.summary();
     let client_cpu_share = (process_cpu_seconds() - cpu_before) / start.elapsed().as_secs_f64();
+    let redis_cpu_share = (redis_cpu() - redis_before) / start.elapsed().as_secs_f64();
     let delta = calls().saturating_sub(calls_before) as f64;
     Window {
         commands_per_round: if rounds_seen > 0 {
@@ -55,6 +67,7 @@ async fn watch_rounds(servers: &[&RedisServer], interval: Duration, rounds: &Rou
         rounds_seen,
         mean_round,
         client_cpu_share,
+        redis_cpu_share,
     }
 }
 
@@ -77,7 +90,8 @@ impl Window {
         let row = row
             .metric(Metric::CommandsPerRound, self.commands_per_round)
             .metric(Metric::RoundMs, self.mean_round.as_secs_f64() * 1000.0)
-            .metric(Metric::RoundsSeen, self.rounds_seen as f64);
+            .metric(Metric::RoundsSeen, self.rounds_seen as f64)
+            .metric(Metric::RedisCpuPctOfCore, self.redis_cpu_share * 100.0);
         match self.rounds_seen {
             0 => row.note("no round seen in the window: commands_per_round is the window's total"),
             _ => row,
@@ -121,6 +135,45 @@ pub async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Ro
     );
     drop(guards);
     client.shutdown().await;
+    if !mode.quick {
+        rows.push(many_held(server, rounds).await);
+    }
+}
+
+/// [`MANY_LOCKS`] held watchdog-mode locks on one client with the default settings, over several
+/// renew intervals: the watchdog's share of a core in the client and in Redis, and the bytes per
+/// held lock in each.
+async fn many_held(server: &RedisServer, rounds: &RoundLog) -> Row {
+    let config = LockConfig::default();
+    let interval = config.get_renew_interval();
+    let client = LockClient::connect_with(&server.url(), config)
+        .await
+        .expect("connect");
+    let base = support::unique_name("m");
+    let (rss_before, redis_before) = (rss_bytes(), redis_used_memory(server));
+    let guards = support::acquire_many(&client, &base, MANY_LOCKS).await;
+    let (rss_held, redis_held) = (rss_bytes(), redis_used_memory(server));
+    let window = watch_rounds(&[server], interval, rounds).await;
+    let held = guards.iter().filter(|g| g.is_held()).count();
+    let params = Params::Watchdog {
+        locks: MANY_LOCKS,
+        interval_s: interval.as_secs(),
+    };
+    let row = window
+        .add_to(Row::new(Workload::Watchdog, Library::Relock, params))
+        .metric(Metric::ClientCpuPctOfCore, window.client_cpu_share * 100.0)
+        .metric(
+            Metric::BytesPerHeldLock,
+            rss_held.saturating_sub(rss_before) as f64 / MANY_LOCKS as f64,
+        )
+        .metric(
+            Metric::RedisBytesPerHeldLock,
+            redis_held.saturating_sub(redis_before) as f64 / MANY_LOCKS as f64,
+        )
+        .metric(Metric::HeldAfter, held as f64);
+    drop(guards);
+    client.shutdown().await;
+    row
 }
 
 /// 10,000 tasks waiting on 10,000 distinct held locks.

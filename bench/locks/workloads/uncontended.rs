@@ -80,10 +80,12 @@ async fn interleaved(total: Duration, mut entrants: Vec<Entrant<'_>>) -> Vec<Run
 
 /// The rows of one group: relock (through `lock`), fred `SET NX` and relock's commands on fred on
 /// one server, and the peers, interleaved; `tasks` tasks on locks named after `base`, over
-/// `servers` (several: a quorum).
+/// `servers` (several: a quorum), which every library reaches at `urls` (the servers', or proxies').
+#[allow(clippy::too_many_arguments)]
 async fn cycle_rows(
     mode: &Mode,
     servers: &[&RedisServer],
+    urls: &[String],
     workload: Workload,
     params: Params,
     tasks: usize,
@@ -91,7 +93,7 @@ async fn cycle_rows(
     rows: &mut Vec<Row>,
 ) {
     let base = support::unique_name("u");
-    let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+    let urls = urls.to_vec();
     let quorum = workload == Workload::Redlock;
     let names = |kind: &str| -> Vec<String> { (0..tasks).map(|i| format!("{base}:{kind}{i}")).collect() };
     let (relock_names, fred_names, command_names, rs_names, arl_names, redlock_names) = (
@@ -212,12 +214,18 @@ pub async fn relock_cycles(
 
 /// One server, 1, 16 and 256 tasks.
 pub async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>) {
+    uncontended_via(mode, server, &server.url(), rows).await;
+}
+
+/// [`uncontended`]'s rows, every library reaching `server` at `url` (a proxy, or the server).
+pub async fn uncontended_via(mode: &Mode, server: &RedisServer, url: &str, rows: &mut Vec<Row>) {
     for tasks in [1usize, 16, 256] {
-        let client = LockClient::connect(&server.url()).await.expect("connect");
+        let client = LockClient::connect(url).await.expect("connect");
         let lock = |name: &str| client.lock(name);
         cycle_rows(
             mode,
             &[server],
+            &[url.to_string()],
             Workload::Uncontended,
             Params::Tasks(tasks),
             tasks,
@@ -231,9 +239,16 @@ pub async fn uncontended(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>)
 
 /// One task over N = 1, 3 and 5 masters.
 pub async fn redlock_quorum(mode: &Mode, masters: &[RedisServer], rows: &mut Vec<Row>) {
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    redlock_quorum_via(mode, masters, &urls, rows).await;
+}
+
+/// [`redlock_quorum`]'s rows, every library reaching master `i` at `urls[i]` (a proxy, or the
+/// server).
+pub async fn redlock_quorum_via(mode: &Mode, masters: &[RedisServer], urls: &[String], rows: &mut Vec<Row>) {
     for n in [1usize, 3, 5] {
         let servers: Vec<&RedisServer> = masters[..n].iter().collect();
-        let urls: Vec<String> = servers.iter().map(|s| s.url()).collect();
+        let urls: Vec<String> = urls[..n].to_vec();
         let refs: Vec<&str> = urls.iter().map(String::as_str).collect();
         // The masters were started moments ago (and hold no locks): the restart quarantine would keep
         // them out of every quorum at first.
@@ -244,6 +259,7 @@ pub async fn redlock_quorum(mode: &Mode, masters: &[RedisServer], rows: &mut Vec
         cycle_rows(
             mode,
             &servers,
+            &urls,
             Workload::Redlock,
             Params::Masters(n),
             1,
