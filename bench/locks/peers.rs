@@ -160,7 +160,7 @@ impl Contender for FredRelockCommands {
             )
             .await
             .expect("fred FCALL of relock's function");
-        // A fresh grant answers its token alone; anything else comes as a list.
+        // A fresh grant answers 0 alone (no token drawn); anything else comes as a list.
         (!matches!(reply, Value::Array(_))).then_some(())
     }
 

@@ -28,7 +28,7 @@ use crate::Mode;
 
 /// The batch function's arguments for one fresh acquisition of `key` by `owner` (target count 1),
 /// in the short form relock sends for an acquisition alone (`A`: no count of operations, no publish
-/// command, no target; a grant answers its token alone).
+/// command, no target; a grant answers 0 alone: a plain lock draws its token when it is read).
 fn acquire_args<'a>(function: &'a str, key: &'a str, fence: &'a str, owner: &'a str) -> Vec<&'a str> {
     vec!["FCALL", function, "2", key, fence, "A", owner, "30000"]
 }
@@ -153,10 +153,10 @@ async fn floor_loop(
         let t = Instant::now();
         let reply = transport.round_trip(&acquire).await;
         let us = micros(t.elapsed());
-        // A fresh grant alone answers its token alone, not in a list (the clock's digits, a bulk
-        // string): a real grant each time.
+        // A fresh grant alone answers 0 alone, not in a list (no token drawn): a real grant each
+        // time.
         assert!(
-            reply.starts_with(b"$") && reply.len() > 4,
+            reply.as_slice() == b":0\r\n",
             "acquire answered {reply:?}"
         );
         rtt.record(us).ok();
