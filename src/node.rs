@@ -552,18 +552,28 @@ impl Node {
     }
 
     /// Renews (lease > 0) or checks (lease 0) holds, given as lock keys, the hold's field and the
-    /// lease; one flag per hold, true if still held. One script call per slot (and per
-    /// [`RENEW_BATCH`] holds), all sent at once. With synced writes, a call that too few replicas
+    /// lease; one flag per hold, true if still held. One script call per slot and lease (and per
+    /// [`RENEW_BATCH`] holds), all sent at once: the lease goes once per call, and a call answers
+    /// only the holds that are gone. With synced writes, a call that too few replicas
     /// acknowledged fails for its holds: a failed renewal, not a loss.
-    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &str, Duration)]) -> Vec<Result<bool, Error>> {
-        let by_slot: Vec<Vec<usize>> = self
+    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &Str, Duration)]) -> Vec<Result<bool, Error>> {
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for slot in self
             .link
             .topology
             .by_slot(locks.iter().enumerate(), |(_, lock)| &lock.0.lock)
-            .into_iter()
-            .map(|group| group.into_iter().map(|(i, _)| i).collect())
-            .collect();
-        let chunks: Vec<&[usize]> = by_slot
+        {
+            // Every watchdog hold has the same lease: most slots make one group.
+            let mut by_lease: Vec<(Duration, Vec<usize>)> = Vec::new();
+            for (i, lock) in slot {
+                match by_lease.iter_mut().find(|(lease, _)| *lease == lock.2) {
+                    Some((_, group)) => group.push(i),
+                    None => by_lease.push((lock.2, vec![i])),
+                }
+            }
+            groups.extend(by_lease.into_iter().map(|(_, group)| group));
+        }
+        let chunks: Vec<&[usize]> = groups
             .iter()
             .flat_map(|group| group.chunks(RENEW_BATCH))
             .collect();
@@ -571,11 +581,10 @@ impl Node {
             .iter()
             .map(|chunk| {
                 let keys = chunk.iter().map(|&i| Key::from(&locks[i].0.lock)).collect();
-                let mut args = Vec::with_capacity(chunk.len() * 2);
-                for &i in chunk.iter() {
-                    args.push(Value::from(locks[i].1));
-                    args.push(millis(locks[i].2));
-                }
+                let mut args = Vec::with_capacity(chunk.len() + 1);
+                args.push(millis(locks[chunk[0]].2));
+                // The hold's own bytes, shared: no copy per renewal.
+                args.extend(chunk.iter().map(|&i| Value::String(locks[i].1.clone())));
                 (keys, args)
             })
             .collect();
@@ -594,22 +603,19 @@ impl Node {
                 Err(err) => replies.extend((0..size).map(|_| Err(err.clone()))),
             }
         }
-        let calls = chunks.into_iter().zip(replies).map(|(chunk, reply)| {
-            let flags = reply.and_then(|reply: Reply<Vec<i64>>| {
+        let mut out: Vec<Result<bool, Error>> = (0..locks.len()).map(|_| Ok(true)).collect();
+        for (chunk, reply) in chunks.into_iter().zip(replies) {
+            let gone = reply.and_then(|reply: Reply<Vec<i64>>| {
                 self.link.check_acked(reply.acked)?;
-                if reply.value.len() != chunk.len() {
+                if reply.value.iter().any(|&at| at < 1 || at as usize > chunk.len()) {
                     return Err(unexpected("renew", &reply.value));
                 }
                 Ok(reply.value)
             });
-            (chunk, flags)
-        });
-        let mut out: Vec<Result<bool, Error>> = (0..locks.len()).map(|_| Ok(false)).collect();
-        for (chunk, flags) in calls {
-            match flags {
-                Ok(flags) => {
-                    for (&i, flag) in chunk.iter().zip(flags) {
-                        out[i] = Ok(flag == 1);
+            match gone {
+                Ok(gone) => {
+                    for at in gone {
+                        out[chunk[at as usize - 1]] = Ok(false);
                     }
                 }
                 Err(err) => {
@@ -1052,7 +1058,7 @@ async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &
     let probe = LockKeys::new(prefix, "");
     let script = async {
         let keys = vec![Key::from(&probe.lock)];
-        let args = vec![Value::from(""), millis(Duration::ZERO)];
+        let args = vec![millis(Duration::ZERO), Value::from("")];
         let _: Vec<i64> = scripts().renew.run(client, keys, args).await.map_err(|err| {
             denied(
                 err,

@@ -125,10 +125,7 @@ async fn renew(core: &Core, holds: Vec<Renewal>) {
     let start = Instant::now();
 
     // One call per node and slot (see `Node::renew`), every node at once.
-    let locks: Vec<_> = holds
-        .iter()
-        .map(|r| (&*r.hold.keys, &*r.field, r.lease))
-        .collect();
+    let locks: Vec<_> = holds.iter().map(|r| (&*r.hold.keys, &r.field, r.lease)).collect();
     let requests = core.masters.nodes.iter().map(|node| node.renew(&locks));
     let replies = futures::future::join_all(requests).await;
 

@@ -155,10 +155,7 @@ async fn floor_loop(
         let us = micros(t.elapsed());
         // A fresh grant alone answers 0 alone, not in a list (no token drawn): a real grant each
         // time.
-        assert!(
-            reply.as_slice() == b":0\r\n",
-            "acquire answered {reply:?}"
-        );
+        assert!(reply.as_slice() == b":0\r\n", "acquire answered {reply:?}");
         rtt.record(us).ok();
         acquire_rtt.record(us).ok();
         let t = Instant::now();

@@ -102,28 +102,7 @@ impl Window {
 /// 10,000 held watchdog-mode locks over several renew intervals.
 pub async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Row>, rounds: &RoundLog) {
     let interval = interval(mode);
-    let client = LockClient::connect_with(&server.url(), watchdog_config(interval))
-        .await
-        .expect("connect");
-    let base = support::unique_name("w");
-    let rss_before = rss_bytes();
-    let guards = support::acquire_many(&client, &base, LOCKS).await;
-    let rss_held = rss_bytes();
-    let window = watch_rounds(&[server], interval, rounds).await;
-    let held = guards.iter().filter(|g| g.is_held()).count();
-    let params = Params::Watchdog {
-        locks: LOCKS,
-        interval_s: interval.as_secs(),
-    };
-    let row = window
-        .add_to(Row::new(Workload::Watchdog, Library::Relock, params))
-        .metric(Metric::ClientCpuPctOfCore, window.client_cpu_share * 100.0)
-        .metric(
-            Metric::BytesPerHeldLock,
-            rss_held.saturating_sub(rss_before) as f64 / LOCKS as f64,
-        )
-        .metric(Metric::HeldAfter, held as f64);
-    rows.push(row);
+    rows.push(held(server, watchdog_config(interval), LOCKS, rounds).await);
     for library in [Library::Rslock, Library::Redlock] {
         rows.push(
             Row::new(Workload::Watchdog, library, Params::Locks(LOCKS)).note("not supported: no watchdog"),
@@ -133,30 +112,27 @@ pub async fn watchdog_scale(mode: &Mode, server: &RedisServer, rows: &mut Vec<Ro
         Row::new(Workload::Watchdog, Library::AsyncRedisLock, Params::Locks(LOCKS))
             .note("not measured: one extension task per lock"),
     );
-    drop(guards);
-    client.shutdown().await;
     if !mode.quick {
-        rows.push(many_held(server, rounds).await);
+        // The default settings: renewed every 10 s.
+        rows.push(held(server, LockConfig::default(), MANY_LOCKS, rounds).await);
     }
 }
 
-/// [`MANY_LOCKS`] held watchdog-mode locks on one client with the default settings, over several
-/// renew intervals: the watchdog's share of a core in the client and in Redis, and the bytes per
-/// held lock in each.
-async fn many_held(server: &RedisServer, rounds: &RoundLog) -> Row {
-    let config = LockConfig::default();
+/// `locks` held watchdog-mode locks on one client of `config`, over several renew intervals: the
+/// watchdog's share of a core in the client and in Redis, and the bytes per held lock in each.
+async fn held(server: &RedisServer, config: LockConfig, locks: usize, rounds: &RoundLog) -> Row {
     let interval = config.get_renew_interval();
     let client = LockClient::connect_with(&server.url(), config)
         .await
         .expect("connect");
-    let base = support::unique_name("m");
+    let base = support::unique_name("w");
     let (rss_before, redis_before) = (rss_bytes(), redis_used_memory(server));
-    let guards = support::acquire_many(&client, &base, MANY_LOCKS).await;
+    let guards = support::acquire_many(&client, &base, locks).await;
     let (rss_held, redis_held) = (rss_bytes(), redis_used_memory(server));
     let window = watch_rounds(&[server], interval, rounds).await;
     let held = guards.iter().filter(|g| g.is_held()).count();
     let params = Params::Watchdog {
-        locks: MANY_LOCKS,
+        locks,
         interval_s: interval.as_secs(),
     };
     let row = window
@@ -164,11 +140,11 @@ async fn many_held(server: &RedisServer, rounds: &RoundLog) -> Row {
         .metric(Metric::ClientCpuPctOfCore, window.client_cpu_share * 100.0)
         .metric(
             Metric::BytesPerHeldLock,
-            rss_held.saturating_sub(rss_before) as f64 / MANY_LOCKS as f64,
+            rss_held.saturating_sub(rss_before) as f64 / locks as f64,
         )
         .metric(
             Metric::RedisBytesPerHeldLock,
-            redis_held.saturating_sub(redis_before) as f64 / MANY_LOCKS as f64,
+            redis_held.saturating_sub(redis_before) as f64 / locks as f64,
         )
         .metric(Metric::HeldAfter, held as f64);
     drop(guards);
