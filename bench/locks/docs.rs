@@ -25,22 +25,23 @@ pub fn write(json: &str, root: &Path) -> Result<(), String> {
     let rows = doc["rows"].as_array().ok_or("locks.json has no rows")?;
     let performance = root.join("docs/performance.md");
     let text = read(&performance)?;
+    // The marker on a line of its own (the page's text names it too).
     let head = text
-        .split_once(TABLES)
+        .split_once(&format!("\n{TABLES}\n"))
         .map(|(head, _)| head)
-        .ok_or_else(|| format!("{} has no {TABLES}", performance.display()))?;
-    let tables = format!("{head}{TABLES}\n\n{}", tables(&doc, rows));
+        .ok_or_else(|| format!("{} has no line {TABLES}", performance.display()))?;
+    let tables = format!("{head}\n{TABLES}\n\n{}", tables(&doc, rows));
     std::fs::write(&performance, tables).map_err(|err| format!("{}: {err}", performance.display()))?;
 
     let readme = root.join("README.md");
     let text = read(&readme)?;
     let (head, rest) = text
-        .split_once(SUMMARY)
-        .ok_or_else(|| format!("README.md has no {SUMMARY}"))?;
+        .split_once(&format!("\n{SUMMARY}\n"))
+        .ok_or_else(|| format!("README.md has no line {SUMMARY}"))?;
     let (_, tail) = rest
-        .split_once(SUMMARY_END)
-        .ok_or_else(|| format!("README.md has no {SUMMARY_END}"))?;
-    let summary = format!("{head}{SUMMARY}\n{}{SUMMARY_END}{tail}", summary(&doc, rows));
+        .split_once(&format!("\n{SUMMARY_END}\n"))
+        .ok_or_else(|| format!("README.md has no line {SUMMARY_END}"))?;
+    let summary = format!("{head}\n{SUMMARY}\n{}{SUMMARY_END}\n{tail}", summary(&doc, rows));
     std::fs::write(&readme, summary).map_err(|err| format!("README.md: {err}"))
 }
 
