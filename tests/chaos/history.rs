@@ -281,6 +281,19 @@ pub struct Crash {
     pub killed: bool,
 }
 
+/// A line of `worker`'s (task 0, item 0), for the checkers' tests.
+#[cfg(test)]
+pub fn test_event(worker: u32, on: On, t: u64, kind: Kind) -> Event {
+    Event {
+        worker,
+        task: 0,
+        on,
+        item: 0,
+        t,
+        kind,
+    }
+}
+
 /// What the harness adds to the workers' lines.
 #[derive(Debug, Default)]
 pub struct Harness {

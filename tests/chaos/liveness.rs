@@ -942,25 +942,14 @@ fn check_progress(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::history::{check, Crash};
+    use crate::history::{check, test_event as ev, Crash};
 
     const MS: u64 = 1_000_000;
 
-    fn ev(on: On, worker: u32, t: u64, kind: Kind) -> Event {
-        Event {
-            worker,
-            task: 0,
-            on,
-            item: 0,
-            t,
-            kind,
-        }
-    }
-
     fn waiting(on: On, worker: u32, t: u64, shared: bool, permits: u64) -> Event {
         ev(
-            on,
             worker,
+            on,
             t,
             Kind::Waiting {
                 wait_ms: 3000,
@@ -981,14 +970,14 @@ mod tests {
                 valid_ns: 2000 * MS,
             },
         };
-        ev(on, worker, t, kind)
+        ev(worker, on, t, kind)
     }
 
     /// A hold's end: its release begins at `t` and is answered 1 ms later.
     fn release(on: On, worker: u32, t: u64) -> Vec<Event> {
         vec![
-            ev(on, worker, t, Kind::Releasing),
-            ev(on, worker, t + MS, Kind::Release("ok".into())),
+            ev(worker, on, t, Kind::Releasing),
+            ev(worker, on, t + MS, Kind::Release("ok".into())),
         ]
     }
 
@@ -1012,7 +1001,7 @@ mod tests {
         workers.sort_unstable();
         workers.dedup();
         for worker in workers {
-            let mut started = ev(On::Lock, worker, 0, Kind::Release("ok".into()));
+            let mut started = ev(worker, On::Lock, 0, Kind::Release("ok".into()));
             started.item = 99;
             events.push(started);
         }
@@ -1026,10 +1015,10 @@ mod tests {
         let mut events = vec![
             waiting(on, 1, 0, false, 1),
             grant(on, 1, MS),
-            ev(on, 1, 2 * MS, Kind::Calls(1)),
+            ev(1, on, 2 * MS, Kind::Calls(1)),
             waiting(on, 2, 100 * MS, false, 1),
             grant(on, 2, granted),
-            ev(on, 2, granted + 1, Kind::Calls(calls)),
+            ev(2, on, granted + 1, Kind::Calls(calls)),
         ];
         events.extend(release(on, 1, 1000 * MS));
         events.extend(release(on, 2, granted + 50 * MS));
@@ -1077,16 +1066,16 @@ mod tests {
         let latch = |calls| {
             sorted(vec![
                 ev(
-                    On::Latch,
                     1,
+                    On::Latch,
                     0,
                     Kind::Call {
                         op: Op::Wait,
                         arg: 2000,
                     },
                 ),
-                ev(On::Latch, 1, 2000 * MS, Kind::Reply("false".into())),
-                ev(On::Latch, 1, 2000 * MS, Kind::Calls(calls)),
+                ev(1, On::Latch, 2000 * MS, Kind::Reply("false".into())),
+                ev(1, On::Latch, 2000 * MS, Kind::Calls(calls)),
             ])
         };
         let report = check(&latch(300), &harness());
@@ -1228,8 +1217,8 @@ mod tests {
         let semaphore = |wanted: u64| {
             let mut events = vec![
                 ev(
-                    On::Semaphore,
                     3,
+                    On::Semaphore,
                     50 * MS,
                     Kind::Permit {
                         permits: 1,
@@ -1237,8 +1226,8 @@ mod tests {
                     },
                 ),
                 ev(
-                    On::Semaphore,
                     1,
+                    On::Semaphore,
                     0,
                     Kind::Permit {
                         permits: 2,
@@ -1246,7 +1235,7 @@ mod tests {
                     },
                 ),
                 waiting(On::Semaphore, 2, 100 * MS, false, wanted),
-                ev(On::Semaphore, 2, 2900 * MS, Kind::Busy),
+                ev(2, On::Semaphore, 2900 * MS, Kind::Busy),
             ];
             events.extend(release(On::Semaphore, 1, 1000 * MS));
             sorted(events)
@@ -1294,10 +1283,10 @@ mod tests {
                 if writer {
                     grant(On::Rw, 4, 1010 * MS)
                 } else {
-                    ev(On::Rw, 4, 1010 * MS, Kind::Shared { valid_ns: 2000 * MS })
+                    ev(4, On::Rw, 1010 * MS, Kind::Shared { valid_ns: 2000 * MS })
                 },
                 waiting(On::Rw, 2, 1500 * MS, true, 1),
-                ev(On::Rw, 2, 3700 * MS, Kind::Shared { valid_ns: 2000 * MS }),
+                ev(2, On::Rw, 3700 * MS, Kind::Shared { valid_ns: 2000 * MS }),
             ];
             events.extend(release(On::Rw, 1, 1000 * MS));
             events.extend(release(On::Rw, 4, 1050 * MS));
@@ -1326,8 +1315,8 @@ mod tests {
 
     #[test]
     fn the_checker_finds_a_latch_waiter_that_overslept() {
-        let call = |worker, t, op, arg| ev(On::Latch, worker, t, Kind::Call { op, arg });
-        let reply = |worker, t, reply: &str| ev(On::Latch, worker, t, Kind::Reply(reply.into()));
+        let call = |worker, t, op, arg| ev(worker, On::Latch, t, Kind::Call { op, arg });
+        let reply = |worker, t, reply: &str| ev(worker, On::Latch, t, Kind::Reply(reply.into()));
         // A round of 1 armed at 0; a waiter from 10 ms; the count down answers 0 at 100 ms; armed
         // again at `rearmed`; the waiter returns at `returned`.
         let history = |returned: u64, outcome: &str, rearmed: u64| {
@@ -1364,7 +1353,7 @@ mod tests {
                 waiting(on, 1, 0, false, 1),
                 grant(on, 1, MS),
                 waiting(on, 2, 100 * MS, shared, 1),
-                ev(on, 2, 3100 * MS, Kind::Busy),
+                ev(2, on, 3100 * MS, Kind::Busy),
             ];
             events.extend(release(on, 1, 1000 * MS));
             sorted(events)

@@ -653,19 +653,9 @@ fn check_order(attempts: Vec<Attempt>, harness: &Harness, report: &mut Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::test_event as ev;
 
     const MS: u64 = 1_000_000;
-
-    fn ev(worker: u32, on: On, t: u64, kind: Kind) -> Event {
-        Event {
-            worker,
-            task: 0,
-            on,
-            item: 0,
-            t,
-            kind,
-        }
-    }
 
     fn write(worker: u32, t: u64) -> Event {
         ev(
