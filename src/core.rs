@@ -118,6 +118,16 @@ impl Core {
             .then(|| self.longest_lease())
     }
 
+    /// The masters that may vote now, or the error that too few may (see [`Masters::voters`]).
+    fn voting(&self) -> Result<quorum::Voters, Error> {
+        let quarantine = self.quarantine();
+        let voters = self.masters.voters(quarantine);
+        match self.masters.too_few_voters(&voters, quarantine) {
+            Some(err) => Err(err),
+            None => Ok(voters),
+        }
+    }
+
     /// The longest lease this client may have left in Redis: `watchdog_timeout`, or longer fixed ones.
     pub(crate) fn longest_lease(&self) -> Duration {
         let fixed = Duration::from_millis(self.longest_lease_ms.load(Ordering::Relaxed));
@@ -222,14 +232,16 @@ impl Core {
                 core: self,
                 resync: Some(hold.resync(&field, gen)),
             };
-            let voters = self.masters.voters(self.quarantine());
-            if let Some(err) = self.masters.too_few_voters(&voters, self.quarantine()) {
-                // Nothing sent: nothing to undo.
-                undo.resync = None;
-                drop(undo);
-                self.holds.retire_if_idle(&hold);
-                return Err(err);
-            }
+            let voters = match self.voting() {
+                Ok(voters) => voters,
+                Err(err) => {
+                    // Nothing sent: nothing to undo.
+                    undo.resync = None;
+                    drop(undo);
+                    self.holds.retire_if_idle(&hold);
+                    return Err(err);
+                }
+            };
             let round = quorum::acquire(&self.masters, &voters, keys, &field, lease, target);
             // One master's round is one request, which its node bounds already (by the same length);
             // several masters', or a shorter wait of the caller's, are bounded here.
@@ -316,10 +328,7 @@ impl Core {
             return known;
         }
         let field = hold.state.lock().field.clone();
-        let voters = self.masters.voters(self.quarantine());
-        if let Some(err) = self.masters.too_few_voters(&voters, self.quarantine()) {
-            return Err(err);
-        }
+        let voters = self.voting()?;
         let start = Instant::now();
         let bound = start + self.masters.attempt_bound();
         let drawn = self

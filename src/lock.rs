@@ -289,7 +289,8 @@ impl Lock {
 
     /// An acquire call in its `acquire` span, with its figures (see `telemetry.rs`). The span's
     /// fields: `lock`, `owner`, `mode` (`wait`, `try`, `try_for`), and at the end `waited_us`,
-    /// `token` (when granted with one drawn: see [`LockGuard::fencing_token`]) and `outcome`; the attempt's own events nest inside it.
+    /// `token` (when granted with one drawn: see [`LockGuard::fencing_token`]) and `outcome`; the
+    /// attempt's own events nest inside it.
     async fn acquire_with(&self, wait: Wait) -> Result<Option<LockGuard>, Error> {
         let span = tracing::info_span!(
             "acquire",
