@@ -118,6 +118,10 @@ struct Queue {
     recorded: Option<Recorded>,
     /// The hold that holds the lock by handoffs Redis has not recorded yet, if one does.
     owed: Option<Owed>,
+    /// Calls that record or release such handoffs, taken from [`Queue::owed`], on their way: until
+    /// they land, Redis still holds the lock by an earlier hold's field, which that hold's owner's
+    /// next attempt would replace (see [`Handoffs::owes`]).
+    settling: u32,
 }
 
 /// The hold Redis holds a lock by (see [`Queue::recorded`]).
@@ -163,6 +167,7 @@ impl Queue {
             && self.ending.is_none()
             && self.recorded.is_none()
             && self.owed.is_none()
+            && self.settling == 0
             && self.yield_until.is_none_or(|until| until <= Instant::now())
     }
 }
@@ -349,17 +354,25 @@ impl Handoffs {
         }
     }
 
-    /// Whether `lock` may be held by handoffs not recorded yet.
+    /// Whether `lock` may be held by handoffs not recorded yet, or by ones whose record or
+    /// release is on its way.
     pub(crate) fn owes(&self, lock: &str) -> bool {
-        self.owing.load(Ordering::SeqCst) > 0 && self.owed(lock).is_some()
+        if self.owing.load(Ordering::SeqCst) == 0 {
+            return false;
+        }
+        let queues = self.queues.lock();
+        queues
+            .get(lock)
+            .is_some_and(|queue| queue.owed.is_some() || queue.settling > 0)
     }
 
     /// Takes the unrecorded handoffs that generation `gen` of `hold` holds `lock` by, if it does:
     /// the caller records them or releases the lock (the hold's operations held), and the hold
-    /// Redis holds the lock by is returned. Handoffs to an ended generation of the hold are stale,
-    /// and so are handoffs with no record of this client's standing (Redis granted the lock since):
-    /// they go all the same.
-    fn take_owed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) -> Option<Recorded> {
+    /// Redis holds the lock by is returned, with a guard to keep until that call is done (this
+    /// client's attempts at the lock wait for it: see [`owes`](Handoffs::owes)). Handoffs to an
+    /// ended generation of the hold are stale, and so are handoffs with no record of this client's
+    /// standing (Redis granted the lock since): they go all the same.
+    fn take_owed(&self, lock: &str, hold: &Arc<Hold>, gen: u64) -> Option<(Recorded, Settling<'_>)> {
         let mut queues = self.queues.lock();
         let queue = queues.get_mut(lock)?;
         let owed = queue.owed.as_ref().filter(|owed| Arc::ptr_eq(&owed.hold, hold))?;
@@ -368,13 +381,23 @@ impl Handoffs {
             return None;
         }
         let owed = queue.owed.take()?;
-        self.owing.fetch_sub(1, Ordering::SeqCst);
-        let recorded = queue.recorded.clone().filter(|_| owed.gen == gen);
-        if recorded.is_none() {
-            // Nothing to record (stale, or no record stands): attempts that wait for it go now.
-            self.recorded.notify_waiters();
+        match queue.recorded.clone().filter(|_| owed.gen == gen) {
+            Some(recorded) => {
+                // Still owing until the call lands (the guard counts it off).
+                queue.settling += 1;
+                let settling = Settling {
+                    handoffs: self,
+                    lock: Str::from(lock),
+                };
+                Some((recorded, settling))
+            }
+            None => {
+                // Nothing to record (stale, or no record stands): attempts that wait for it go now.
+                self.owing.fetch_sub(1, Ordering::SeqCst);
+                self.recorded.notify_waiters();
+                None
+            }
         }
-        recorded
     }
 
     /// The hold that holds `lock` by unrecorded handoffs, and since when.
@@ -645,10 +668,11 @@ impl Core {
                 self.holds.retire_if_idle(&to);
                 return None;
             };
-            let from = if owed {
-                self.handoffs.take_owed(&keys.lock, hold, gen)
-            } else {
-                via.map(|via| via.recorded)
+            // Kept until the call is done.
+            let (from, _settling) = match owed.then(|| self.handoffs.take_owed(&keys.lock, hold, gen)) {
+                Some(Some((recorded, settling))) => (Some(recorded), Some(settling)),
+                Some(None) => (None, None),
+                None => (via.map(|via| via.recorded), None),
             };
             let from = from.unwrap_or_else(|| Recorded {
                 hold: hold.clone(),
@@ -839,14 +863,13 @@ impl Core {
         &self,
         hold: &Arc<Hold>,
         gen: u64,
-    ) -> Option<(Arc<Hold>, u64, Str, NotifyOnDrop<'_>)> {
+    ) -> Option<(Arc<Hold>, u64, Str, Settling<'_>)> {
         if !hold.state.lock().pending {
             return None;
         }
-        let recorded = self.handoffs.take_owed(&hold.keys.lock, hold, gen)?;
+        let (recorded, settling) = self.handoffs.take_owed(&hold.keys.lock, hold, gen)?;
         settle_released(hold, gen);
-        let done = NotifyOnDrop(&self.handoffs.recorded);
-        Some((recorded.hold, recorded.gen, recorded.field, done))
+        Some((recorded.hold, recorded.gen, recorded.field, settling))
     }
 
     /// Records in Redis the handoffs that `hold` holds its lock by, if it holds it by handoffs
@@ -861,7 +884,7 @@ impl Core {
     /// [`record_owed`](Core::record_owed)).
     async fn record_taken(self: &Arc<Self>, hold: &Arc<Hold>) {
         let gen = hold.state.lock().gen;
-        if let Some(from) = self.handoffs.take_owed(&hold.keys.lock, hold, gen) {
+        if let Some((from, _settling)) = self.handoffs.take_owed(&hold.keys.lock, hold, gen) {
             if let Err(err) = self.record(from, hold, false).await {
                 tracing::warn!(lock = %hold.keys.name, %err, "handoffs not recorded: the lock is lost");
             }
@@ -964,6 +987,29 @@ impl Drop for NotifyOnDrop<'_> {
     }
 }
 
+/// A call that records or releases handoffs not recorded yet, on its way (see
+/// [`Handoffs::take_owed`]). Dropping it (the call answered, failed or was cancelled, its undos
+/// queued) lets this client's attempts at the lock go.
+pub(crate) struct Settling<'a> {
+    handoffs: &'a Handoffs,
+    lock: Str,
+}
+
+impl Drop for Settling<'_> {
+    fn drop(&mut self) {
+        let mut queues = self.handoffs.queues.lock();
+        if let Some(queue) = queues.get_mut(&self.lock) {
+            queue.settling = queue.settling.saturating_sub(1);
+            if queue.idle() {
+                queues.remove(&self.lock);
+            }
+        }
+        drop(queues);
+        self.handoffs.owing.fetch_sub(1, Ordering::SeqCst);
+        self.handoffs.recorded.notify_waiters();
+    }
+}
+
 /// Generation `gen` of `hold` released the lock by a handoff that Redis recorded, or that it will
 /// record from an earlier hold's field: nothing of it is left in Redis.
 fn settle_released(hold: &Hold, gen: u64) {
@@ -1030,5 +1076,57 @@ impl Drop for Pending<'_> {
         if !self.settled {
             self.end("the handoff's outcome is unknown", false);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hold::Holds;
+
+    /// A release or record of handoffs not recorded yet takes them from the queue before its call
+    /// is sent. Until that call is done, Redis still holds the lock by the recorded hold's field,
+    /// which its owner's next attempt would replace (and the release would then find nothing and
+    /// report the lock not held): this client's attempts see the lock as owed until then.
+    #[tokio::test]
+    async fn handoffs_taken_for_a_call_stay_owed_until_the_call_is_done() {
+        let holds = Holds::new(false);
+        let keys = Arc::new(LockKeys::new("relock", "owed"));
+        let (recorded, _ops) = holds.lock_hold(&keys, &Str::from("first")).await;
+        let (holder, _ops) = holds.lock_hold(&keys, &Str::from("second")).await;
+        let handoffs = Handoffs::new(8, Duration::from_secs(1), 8);
+        let record = Recorded {
+            hold: recorded.clone(),
+            gen: 1,
+            field: Str::from("first:1"),
+            ceiling: None,
+        };
+        handoffs.set_recorded(&keys.lock, Some(record));
+        assert!(handoffs.owe(&keys.lock, &holder, 0, Instant::now()));
+        assert!(handoffs.owes(&keys.lock));
+
+        let (taken, settling) = handoffs.take_owed(&keys.lock, &holder, 0).expect("owed");
+        assert!(Arc::ptr_eq(&taken.hold, &recorded));
+        assert!(handoffs.owes(&keys.lock), "owed while the call is on its way");
+        assert!(
+            handoffs.owed(&keys.lock).is_none(),
+            "and no other call takes them"
+        );
+        drop(settling);
+        assert!(!handoffs.owes(&keys.lock), "settled once the call is done");
+        assert_eq!(handoffs.owing.load(Ordering::SeqCst), 0);
+    }
+
+    /// Handoffs that went stale (no record of this client's stands) are dropped at once.
+    #[tokio::test]
+    async fn stale_handoffs_are_settled_at_once() {
+        let holds = Holds::new(false);
+        let keys = Arc::new(LockKeys::new("relock", "stale"));
+        let (holder, _ops) = holds.lock_hold(&keys, &Str::from("second")).await;
+        let handoffs = Handoffs::new(8, Duration::from_secs(1), 8);
+        handoffs.owe(&keys.lock, &holder, 0, Instant::now());
+        assert!(handoffs.take_owed(&keys.lock, &holder, 0).is_none());
+        assert!(!handoffs.owes(&keys.lock));
+        assert_eq!(handoffs.owing.load(Ordering::SeqCst), 0);
     }
 }

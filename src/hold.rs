@@ -67,14 +67,21 @@ impl HoldState {
         self.count > 0 && !*self.lost.borrow()
     }
 
-    /// The count Redis should hold for generation `gen`: the local count while it is the active
-    /// one, else nothing.
-    pub(crate) fn redis_count(&self, gen: u64) -> u32 {
-        if self.gen == gen && self.active() {
+    /// The count Redis should hold for `field` of generation `gen`: the local count while it is
+    /// the active one, else nothing. A waiter's mark has the same field (the owner id) in every
+    /// generation (see `marks.rs`): a late release or resync of an ended one must set the active
+    /// one's count, not remove the mark that the owner's next wait left there.
+    pub(crate) fn redis_count(&self, gen: u64, field: &str) -> u32 {
+        if self.holds(gen, field) {
             self.count
         } else {
             0
         }
+    }
+
+    /// Whether `field` in Redis is the active generation's: generation `gen`'s, or the same field.
+    pub(crate) fn holds(&self, gen: u64, field: &str) -> bool {
+        self.active() && (self.gen == gen || *self.field == *field)
     }
 }
 
@@ -366,5 +373,38 @@ impl Holds {
                 return (hold, ops);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A waiter's mark has the same field (the owner id) in every generation. A release or resync
+    /// of an ended generation that is sent late (its first try went unanswered) finds the owner
+    /// waiting again, with the next generation's mark in that field: it must set that mark's count,
+    /// not remove it. A plain lock's fields differ by generation: an ended one's target stays 0.
+    #[tokio::test]
+    async fn a_late_release_of_an_ended_mark_keeps_the_active_one() {
+        let holds = Holds::new(false);
+        let rw = Arc::new(crate::keys::RwKeys::new("relock", "marks"));
+        let owner = Str::from("owner-id");
+        let (mark, _ops) = holds.lock_hold(&Arc::new(rw.mark()), &owner).await;
+        let plain = Arc::new(LockKeys::new("relock", "plain"));
+        let (hold, _ops) = holds.lock_hold(&plain, &owner).await;
+
+        let mut st = mark.state.lock();
+        mark.start(&mut st, 1, owner.clone());
+        st.count = 0;
+        assert_eq!(st.redis_count(1, &owner), 0, "an ended mark goes");
+        mark.start(&mut st, 2, owner.clone());
+        assert_eq!(st.redis_count(1, &owner), 1, "the next wait's mark stays");
+        assert_eq!(st.redis_count(2, &owner), 1);
+        drop(st);
+
+        let mut st = hold.state.lock();
+        hold.start(&mut st, 3, Str::from("owner-id:3"));
+        assert_eq!(st.redis_count(2, "owner-id:2"), 0, "an ended hold's field goes");
+        assert_eq!(st.redis_count(3, "owner-id:3"), 1);
     }
 }

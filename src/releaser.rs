@@ -157,7 +157,7 @@ async fn release_in_span(
     // that saw this generation's field still there): a repeat is harmless, a skip is not.
     let (target, done, lost) = {
         let st = hold.state.lock();
-        let target = st.redis_count(gen);
+        let target = st.redis_count(gen, field);
         let current = st.gen == gen;
         (
             target,
@@ -266,7 +266,10 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
     let (hold, ops) = core.holds.lock_hold(&resync.keys, &resync.owner).await;
     let (target, current) = {
         let st = hold.state.lock();
-        (st.redis_count(resync.gen), st.gen == resync.gen && st.active())
+        (
+            st.redis_count(resync.gen, &resync.field),
+            st.holds(resync.gen, &resync.field),
+        )
     };
     // Only the active generation's operations must stay in order with this one; an ended one's
     // field is nobody's, so the owner's next acquisition need not wait for silent masters.

@@ -695,3 +695,48 @@ async fn an_owner_that_handed_the_lock_on_unrecorded_is_refused_on_its_next_atte
     assert!(!server.exists(&key), "released");
     here.shutdown().await;
 }
+
+/// Owners of one client taking one lock in turn, as fast as they can, with no other client: every
+/// release is of a hold the owner really held, so none may report `NotHeld`, whichever way the
+/// lock went (handed over with a call or without, or freed) and however the worker threads
+/// interleave. The race that broke this (a release of a recorded hold overtaken by its owner's
+/// next attempt) is tested deterministically in `handoff.rs`'s own tests; this is the end-to-end
+/// check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_after_unrecorded_handoffs_never_report_the_lock_not_held() {
+    let server = RedisServer::start();
+    let name = unique_name("handoff-release-race");
+    let here = client(&server, config(8).handoff_window(Duration::from_secs(60))).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(4);
+    let errors = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let lock = here.lock(&name);
+        let errors = errors.clone();
+        tasks.push(tokio::spawn(Owner::new().scope(async move {
+            let mut cycles = 0u64;
+            while tokio::time::Instant::now() < until {
+                let guard = lock.acquire().await.unwrap();
+                tokio::task::yield_now().await;
+                if let Err(err) = guard.release().await {
+                    errors.lock().push(err.to_string());
+                }
+                cycles += 1;
+            }
+            cycles
+        })));
+    }
+    let mut cycles = 0;
+    for task in tasks {
+        cycles += task.await.unwrap();
+    }
+    let errors = errors.lock().clone();
+    assert!(cycles > 1000, "{cycles} cycles");
+    assert!(
+        errors.is_empty(),
+        "{} of {cycles} releases failed: {:?}",
+        errors.len(),
+        &errors[..errors.len().min(5)]
+    );
+    here.shutdown().await;
+}
