@@ -73,7 +73,8 @@ impl LockClient {
     /// background.
     pub async fn connect_with(url: &str, config: LockConfig) -> Result<LockClient, Error> {
         config.validate()?;
-        let node = Node::build(url, config.get_command_timeout(), SyncReplicas::of(&config))?;
+        let name = Some(config.get_client_name().into());
+        let node = Node::build(url, config.get_command_timeout(), SyncReplicas::of(&config), name)?;
         LockClient::start(node, config, true).await
     }
 
@@ -96,7 +97,13 @@ impl LockClient {
                     .into(),
             ));
         }
-        let node = Node::from_client(client, config.get_command_timeout(), SyncReplicas::of(&config));
+        // Your client's connections keep the names you gave them.
+        let node = Node::from_client(
+            client,
+            config.get_command_timeout(),
+            SyncReplicas::of(&config),
+            None,
+        );
         LockClient::start(node, config, false).await
     }
 

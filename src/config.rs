@@ -55,6 +55,7 @@ pub struct LockConfig {
     unrecorded_handoffs: u32,
     functions: bool,
     reentrant: bool,
+    client_name: Option<String>,
 }
 
 impl Default for LockConfig {
@@ -73,6 +74,7 @@ impl Default for LockConfig {
             unrecorded_handoffs: 7,
             functions: true,
             reentrant: true,
+            client_name: None,
         }
     }
 }
@@ -258,6 +260,28 @@ impl LockConfig {
         self.metrics_lock_names
     }
 
+    /// The name this client gives its connections (`CLIENT SETNAME`, seen in `CLIENT LIST`) and
+    /// records beside its holds for operators (see [`ClientInfo`](crate::ClientInfo)). Default
+    /// the program's name and process id, as `inventory-4242`. At most [`MAX_CLIENT_NAME_LEN`]
+    /// bytes of printable ASCII without spaces, as Redis takes it.
+    ///
+    /// A client made from your own fred client
+    /// ([`LockClient::from_fred`](crate::LockClient::from_fred)) leaves that client's
+    /// connections as you named them, and records this name all the same.
+    pub fn client_name(mut self, name: impl Into<String>) -> Self {
+        self.client_name = Some(name.into());
+        self
+    }
+
+    /// The client's name in force (see [`client_name`](LockConfig::client_name)): the configured
+    /// one, or the program's name and process id.
+    pub fn get_client_name(&self) -> String {
+        match &self.client_name {
+            Some(name) => name.clone(),
+            None => default_client_name(),
+        }
+    }
+
     /// The configured number of replicas an acquisition waits for.
     pub fn get_sync_replicas(&self) -> usize {
         self.sync_replicas
@@ -316,8 +340,48 @@ impl LockConfig {
                 self.sync_timeout
             )));
         }
-        check_prefix(&self.key_prefix)
+        check_prefix(&self.key_prefix)?;
+        match &self.client_name {
+            Some(name) => check_client_name(name),
+            None => Ok(()),
+        }
     }
+}
+
+/// The longest client name accepted, in bytes.
+pub const MAX_CLIENT_NAME_LEN: usize = 128;
+
+/// Refuses a client name that Redis would refuse (`CLIENT SETNAME` takes printable ASCII without
+/// spaces) or that is empty or longer than [`MAX_CLIENT_NAME_LEN`].
+fn check_client_name(name: &str) -> Result<(), Error> {
+    if name.is_empty() || name.len() > MAX_CLIENT_NAME_LEN {
+        return Err(Error::InvalidConfig(format!(
+            "client_name must be 1 to {MAX_CLIENT_NAME_LEN} bytes long, got {} bytes",
+            name.len()
+        )));
+    }
+    if let Some(c) = name.chars().find(|c| !c.is_ascii_graphic()) {
+        return Err(Error::InvalidConfig(format!(
+            "client_name {name:?} has {c:?}: Redis takes printable ASCII without spaces"
+        )));
+    }
+    Ok(())
+}
+
+/// The program's name (its executable's, kept to what a client name may hold) and process id.
+fn default_client_name() -> String {
+    let program = std::env::current_exe()
+        .ok()
+        .and_then(|path| path.file_stem().map(|stem| stem.to_string_lossy().into_owned()))
+        .map(|stem| {
+            stem.chars()
+                .filter(char::is_ascii_graphic)
+                .take(64)
+                .collect::<String>()
+        })
+        .filter(|stem| !stem.is_empty())
+        .unwrap_or_else(|| "relock".to_string());
+    format!("{program}-{}", std::process::id())
 }
 
 /// Settings of the quorum algorithm of a [`MultiLock`](crate::MultiLock) (Redlock).

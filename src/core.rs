@@ -18,6 +18,7 @@ use crate::config::LockConfig;
 use crate::deadline::Deadlines;
 use crate::handoff::Handoffs;
 use crate::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
+use crate::identity::Identity;
 use crate::keys::{Kind, LockKeys};
 use crate::quorum::{self, Masters, Round};
 use crate::Error;
@@ -30,6 +31,8 @@ pub(crate) enum Attempt {
 
 pub(crate) struct Core {
     pub(crate) id: Uuid,
+    /// Its name and record (see `identity.rs`).
+    pub(crate) identity: Identity,
     pub(crate) masters: Masters,
     pub(crate) config: LockConfig,
     pub(crate) holds: Holds,
@@ -91,8 +94,15 @@ impl Core {
             config.get_handoff_window(),
             config.get_unrecorded_handoffs(),
         );
+        let id = Uuid::new_v4();
+        let identity = Identity::new(
+            config.get_key_prefix(),
+            &id.simple().to_string(),
+            config.get_client_name(),
+        );
         Core {
-            id: Uuid::new_v4(),
+            id,
+            identity,
             masters,
             config,
             holds,
@@ -516,10 +526,17 @@ impl Core {
             }
             self.holds.retire_if_idle(hold);
         });
+        // The client's record goes with it (see `identity.rs`).
+        let record = self
+            .masters
+            .nodes
+            .iter()
+            .map(|node| node.remove_record(&self.identity.key));
         let releases = async {
-            futures::future::join(
+            futures::future::join3(
                 futures::future::join_all(releases),
                 futures::future::join_all(unrecorded),
+                futures::future::join_all(record),
             )
             .await;
             // Undos still retrying in the background stop at shutdown: finish them here.

@@ -86,6 +86,9 @@ pub struct Holder {
     pub generation: u64,
     /// The hold count: how many times the owner acquired it without releasing.
     pub count: u64,
+    /// The client that holds it, as it describes itself; `None` if its record is not there (an
+    /// older relock, or a client that stopped renewing for a lease).
+    pub client: Option<ClientInfo>,
 }
 
 impl Holder {
@@ -102,8 +105,29 @@ impl Holder {
             owner: owner.to_string(),
             generation: generation.parse().ok()?,
             count: count.parse().ok()?,
+            client: None,
         })
     }
+}
+
+/// A [`LockClient`] as it describes itself in Redis while it holds anything (see
+/// [`LockConfig::client_name`](crate::LockConfig::client_name)): the program, host and process
+/// behind a [`Holder`]'s `client_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ClientInfo {
+    /// Its name, which its connections also carry (`CLIENT LIST`): by default the program's name
+    /// and process id, as `inventory-4242`.
+    pub name: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// When it started, in milliseconds since the Unix epoch by its host's clock.
+    pub started_unix_ms: u64,
+    /// The relock version it runs.
+    pub version: String,
 }
 
 /// The client id and the owner of an owner id `client:owner`, if it is one relock writes.
@@ -258,6 +282,8 @@ pub struct PermitHolder {
     /// leaves behind.
     #[cfg_attr(feature = "serde", serde(rename = "ttl_ms", serialize_with = "millis"))]
     pub ttl: Option<Duration>,
+    /// The client that holds them, as in [`Holder::client`].
+    pub client: Option<ClientInfo>,
 }
 
 /// The most lock reads in flight at once while listing.
@@ -321,7 +347,7 @@ impl LockClient {
         match read(self.node(), &keys).await? {
             Read::Free => Ok(None),
             Read::Foreign => Err(Error::WrongType(keys.lock.to_string())),
-            Read::Held(info) => Ok(Some(info)),
+            Read::Held(info) => Ok(self.with_clients(vec![info]).await?.pop()),
         }
     }
 
@@ -341,14 +367,15 @@ impl LockClient {
         let prefix = self.config().get_key_prefix();
         let node = self.node();
         let names = scan_names(node, prefix, pattern, &[""]).await?;
-        read_all(names, |name| async move {
+        let locks = read_all(names, |name| async move {
             let keys = LockKeys::new(prefix, &name);
             Ok(match read(node, &keys).await? {
                 Read::Held(info) => Some(info),
                 _ => None,
             })
         })
-        .await
+        .await?;
+        self.with_clients(locks).await
     }
 
     /// The state of the fair lock `name` (see [`fair_lock`](LockClient::fair_lock)): its hold as
@@ -362,7 +389,8 @@ impl LockClient {
     pub async fn inspect_fair_lock(&self, name: &str) -> Result<Option<FairLockInfo>, Error> {
         check_name(name)?;
         let keys = FairKeys::new(self.config().get_key_prefix(), name);
-        read_fair(self.node(), &keys).await?.answer(&keys.lock)
+        let info = read_fair(self.node(), &keys).await?.answer(&keys.lock)?;
+        Ok(self.with_clients(info.into_iter().collect()).await?.pop())
     }
 
     /// Every held fair lock under this client's key prefix, sorted by name; with a `pattern`, only
@@ -377,14 +405,15 @@ impl LockClient {
         let prefix = self.config().get_key_prefix();
         let node = self.node();
         let names = scan_names(node, prefix, pattern, &[":fair"]).await?;
-        read_all(names, |name| async move {
+        let locks = read_all(names, |name| async move {
             let keys = FairKeys::new(prefix, &name);
             Ok(match read_fair(node, &keys).await? {
                 Lookup::Found(info) if info.lock.is_some() => Some(info),
                 _ => None,
             })
         })
-        .await
+        .await?;
+        self.with_clients(locks).await
     }
 
     /// The state of the read-write lock `name` (see [`rw_lock`](LockClient::rw_lock)): its write
@@ -411,7 +440,8 @@ impl LockClient {
     pub async fn inspect_rw_lock(&self, name: &str) -> Result<Option<RwLockInfo>, Error> {
         check_name(name)?;
         let keys = RwKeys::new(self.config().get_key_prefix(), name);
-        read_rw(self.node(), &keys).await?.answer(&keys.write)
+        let info = read_rw(self.node(), &keys).await?.answer(&keys.write)?;
+        Ok(self.with_clients(info.into_iter().collect()).await?.pop())
     }
 
     /// Every read-write lock that is written or read under this client's key prefix, sorted by
@@ -427,14 +457,15 @@ impl LockClient {
         let prefix = self.config().get_key_prefix();
         let node = self.node();
         let names = scan_names(node, prefix, pattern, &[":rw", ":rw:readers"]).await?;
-        read_all(names, |name| async move {
+        let locks = read_all(names, |name| async move {
             let keys = RwKeys::new(prefix, &name);
             Ok(match read_rw(node, &keys).await? {
                 Lookup::Found(info) if info.is_held() => Some(info),
                 _ => None,
             })
         })
-        .await
+        .await?;
+        self.with_clients(locks).await
     }
 
     /// The state of the semaphore `name` on this client's Redis: the permits stored with it, and
@@ -463,7 +494,8 @@ impl LockClient {
     pub async fn inspect_semaphore(&self, name: &str) -> Result<Option<SemaphoreInfo>, Error> {
         check_name(name)?;
         let keys = SemaphoreKeys::new(self.config().get_key_prefix(), name);
-        read_semaphore(self.node(), &keys).await?.answer(&keys.index)
+        let info = read_semaphore(self.node(), &keys).await?.answer(&keys.index)?;
+        Ok(self.with_clients(info.into_iter().collect()).await?.pop())
     }
 
     /// Every semaphore with at least one live holder under this client's key prefix, sorted by
@@ -480,18 +512,89 @@ impl LockClient {
         let prefix = self.config().get_key_prefix();
         let node = self.node();
         let names = scan_names(node, prefix, pattern, &[":sem"]).await?;
-        read_all(names, |name| async move {
+        let semaphores = read_all(names, |name| async move {
             let keys = SemaphoreKeys::new(prefix, &name);
             Ok(match read_semaphore(node, &keys).await? {
                 Lookup::Found(info) if !info.holders.is_empty() => Some(info),
                 _ => None,
             })
         })
-        .await
+        .await?;
+        self.with_clients(semaphores).await
     }
 
     fn node(&self) -> &Node {
         &self.core.masters.nodes[0]
+    }
+
+    /// `items` with each holder's [`ClientInfo`] filled in from the clients' records (one read
+    /// per distinct client, at most [`READS_IN_FLIGHT`] at once). A record that is not there, or
+    /// not relock's, leaves `None`.
+    async fn with_clients<T: Holders>(&self, mut items: Vec<T>) -> Result<Vec<T>, Error> {
+        let mut ids = std::collections::BTreeSet::new();
+        for item in &mut items {
+            item.each_client(&mut |id, _| {
+                ids.insert(id.to_string());
+            });
+        }
+        if ids.is_empty() {
+            return Ok(items);
+        }
+        let (node, prefix) = (self.node(), self.config().get_key_prefix());
+        let records = read_all(ids.into_iter().collect(), |id| async move {
+            let key = crate::identity::record_key(prefix, &id);
+            let value = node.read_record(&key).await?;
+            Ok(value
+                .and_then(|value| crate::identity::parse(&value))
+                .map(|info| (id, info)))
+        })
+        .await?;
+        let records: std::collections::HashMap<String, ClientInfo> = records.into_iter().collect();
+        for item in &mut items {
+            item.each_client(&mut |id, client| *client = records.get(id).cloned());
+        }
+        Ok(items)
+    }
+}
+
+/// What has holders whose clients [`LockClient::with_clients`] looks up.
+trait Holders {
+    /// Calls `f` with each holder's client id and its client slot.
+    fn each_client(&mut self, f: &mut dyn FnMut(&str, &mut Option<ClientInfo>));
+}
+
+impl Holders for LockInfo {
+    fn each_client(&mut self, f: &mut dyn FnMut(&str, &mut Option<ClientInfo>)) {
+        for holder in &mut self.holders {
+            f(&holder.client_id, &mut holder.client);
+        }
+    }
+}
+
+impl Holders for FairLockInfo {
+    fn each_client(&mut self, f: &mut dyn FnMut(&str, &mut Option<ClientInfo>)) {
+        if let Some(lock) = &mut self.lock {
+            lock.each_client(f);
+        }
+    }
+}
+
+impl Holders for RwLockInfo {
+    fn each_client(&mut self, f: &mut dyn FnMut(&str, &mut Option<ClientInfo>)) {
+        if let Some(writer) = &mut self.writer {
+            writer.each_client(f);
+        }
+        for reader in &mut self.readers {
+            f(&reader.holder.client_id, &mut reader.holder.client);
+        }
+    }
+}
+
+impl Holders for SemaphoreInfo {
+    fn each_client(&mut self, f: &mut dyn FnMut(&str, &mut Option<ClientInfo>)) {
+        for holder in &mut self.holders {
+            f(&holder.client_id, &mut holder.client);
+        }
     }
 }
 
@@ -867,6 +970,7 @@ fn parse_semaphore(name: &str, index: &str, reply: Value) -> Result<Lookup<Semap
             generation,
             permits,
             ttl,
+            client: None,
         });
     }
     holders.sort_by(|a, b| a.key.cmp(&b.key));

@@ -90,6 +90,7 @@ mod few;
 mod guard;
 mod handoff;
 mod hold;
+mod identity;
 mod inspect;
 mod keys;
 mod latch;
@@ -119,13 +120,13 @@ pub use fred;
 
 pub use client::LockClient;
 pub use config::{
-    LockConfig, QuorumConfig, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE, MIN_RENEW_INTERVAL,
-    MIN_RETRY_DELAY, MIN_TIMEOUT,
+    LockConfig, QuorumConfig, MAX_CLIENT_NAME_LEN, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE,
+    MIN_RENEW_INTERVAL, MIN_RETRY_DELAY, MIN_TIMEOUT,
 };
 pub use error::Error;
 pub use guard::LockGuard;
 pub use inspect::{
-    FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
+    ClientInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
 };
 pub use latch::CountDownLatch;
 pub use lock::Lock;

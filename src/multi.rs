@@ -1,5 +1,6 @@
 //! `MultiLock`: the same locks over a quorum of independent Redis masters (Redlock).
 
+use fred::bytes_utils::Str;
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -80,9 +81,13 @@ impl MultiLock {
     pub async fn connect_with(urls: &[&str], config: QuorumConfig) -> Result<MultiLock, Error> {
         config.validate()?;
         let lock_config = config.lock.clone().unwrap_or_default();
+        let name: Str = lock_config.get_client_name().into();
         let nodes = urls
             .iter()
-            .map(|url| Node::build(url, config.node_timeout, SyncReplicas::of(&lock_config)))
+            .map(|url| {
+                let sync = SyncReplicas::of(&lock_config);
+                Node::build(url, config.node_timeout, sync, Some(name.clone()))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         check_distinct(&nodes)?;
         // Connecting may take longer than one request: it is bounded by the command timeout.

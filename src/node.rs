@@ -155,7 +155,13 @@ impl Drop for Node {
 impl Node {
     /// Builds the clients of a node from a URL (a server, a cluster or a sentinel group) and starts
     /// connecting; `Err` only for a bad URL. `timeout` bounds every request to the node.
-    pub(crate) fn build(url: &str, timeout: Duration, sync: Option<SyncReplicas>) -> Result<Node, Error> {
+    /// `name`: the name its connections carry (`CLIENT SETNAME`, sent whenever one comes up).
+    pub(crate) fn build(
+        url: &str,
+        timeout: Duration,
+        sync: Option<SyncReplicas>,
+        name: Option<Str>,
+    ) -> Result<Node, Error> {
         check_scheme(url)?;
         check_tls(url)?;
         let mut config =
@@ -182,15 +188,20 @@ impl Node {
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2))
             .build()
             .map_err(|err| Error::InvalidConfig(format!("redis url {url:?}: {err}")))?;
-        let mut node = Node::from_client(client, timeout, sync);
+        let mut node = Node::from_client(client, timeout, sync, name);
         node.owned = true;
         Ok(node)
     }
 
     /// A node on an existing command client; the subscriber connection is a new client of the same
     /// configuration. Every request relock makes is bounded by `timeout` and made once, whatever
-    /// the client's own settings.
-    pub(crate) fn from_client(client: Client, timeout: Duration, sync: Option<SyncReplicas>) -> Node {
+    /// the client's own settings. `name`: see [`build`](Node::build); `None` leaves the names alone.
+    pub(crate) fn from_client(
+        client: Client,
+        timeout: Duration,
+        sync: Option<SyncReplicas>,
+        name: Option<Str>,
+    ) -> Node {
         let subscriber = client.clone_new();
         let (topology, server) = Topology::of(&client.client_config().server);
         let health = Arc::new(Mutex::new(Health::default()));
@@ -221,6 +232,7 @@ impl Node {
             link.clone(),
             server.clone(),
             Arc::downgrade(&health),
+            name,
         ))];
         if link.topology.kind() == topology::Kind::Sentinel {
             let sync = link.sync.as_ref().map(|(sync, _)| Client::clone(sync));
@@ -257,6 +269,40 @@ impl Node {
     /// Whether this master's last release went unanswered (it failed or timed out).
     pub(crate) fn lagging(&self) -> bool {
         self.lagging.load(Ordering::Relaxed)
+    }
+
+    /// Sets the string `key` to `value` with a TTL of `lease` (a client's record, see
+    /// `identity.rs`): one `SET … PX`, bounded by the node's timeout.
+    pub(crate) async fn write_record(&self, key: &Str, value: &Str, lease: Duration) -> Result<(), Error> {
+        let ms = lease.as_millis().clamp(1, i64::MAX as u128) as i64;
+        self.link
+            .cmd
+            .set::<(), _, _>(
+                Key::from(key),
+                value.clone(),
+                Some(fred::types::Expiration::PX(ms)),
+                None,
+                false,
+            )
+            .await
+            .map_err(|err| self.link.redis_error(err))
+    }
+
+    /// Removes the key `key` (a client's record, as its client shuts down). Best effort.
+    pub(crate) async fn remove_record(&self, key: &Str) {
+        if let Err(err) = self.link.cmd.del::<i64, _>(Key::from(key)).await {
+            tracing::debug!(%err, "the client's record was not removed");
+        }
+    }
+
+    /// The string at `key` (a client's record), if it is one: `None` if there is none or it
+    /// holds another type.
+    pub(crate) async fn read_record(&self, key: &str) -> Result<Option<String>, Error> {
+        match self.link.cmd.get::<Option<String>, _>(key).await {
+            Ok(value) => Ok(value),
+            Err(err) if err.details().starts_with("WRONGTYPE") => Ok(None),
+            Err(err) => Err(self.link.redis_error(err)),
+        }
     }
 
     /// Closes the connections that are ours (see [`close`]).
@@ -1109,7 +1155,12 @@ fn denied(err: fred::error::Error, what: &str) -> Error {
 
 /// Follows the command connection: an error makes the master suspect until its `run_id` is read
 /// again, which tells whether it restarted meanwhile (and so starts its quarantine).
-async fn watch_restarts(link: Arc<NodeClient>, server: String, health: Weak<Mutex<Health>>) {
+async fn watch_restarts(
+    link: Arc<NodeClient>,
+    server: String,
+    health: Weak<Mutex<Health>>,
+    name: Option<Str>,
+) {
     let mut errors = link.client.error_rx();
     let mut reconnects = link.client.reconnect_rx();
     let options = Options {
@@ -1147,6 +1198,30 @@ async fn watch_restarts(link: Arc<NodeClient>, server: String, health: Weak<Mute
         };
         let Some(health) = health.upgrade() else { return };
         health.lock().observe(&info, &server);
+        drop(health);
+        if let Some(name) = &name {
+            name_connections(&link, name, &options).await;
+        }
+    }
+}
+
+/// Names the command connections of `link` (one per primary on a cluster) `name`, for `CLIENT
+/// LIST`; the synced connection too. Best effort: a failure is logged, and the next reconnection
+/// tries again.
+async fn name_connections(link: &NodeClient, name: &Str, options: &Options) {
+    let mut connections = link.topology.primaries(&link.client, options);
+    if let Some((sync, _)) = &link.sync {
+        connections.extend(link.topology.primaries(sync, options));
+    }
+    let setname = CustomCommand::new_static("CLIENT", ClusterHash::Random, false);
+    let named = connections.iter().map(|connection| {
+        let args = vec![Value::from_static_str("SETNAME"), Value::from(name.clone())];
+        connection.custom::<Value, _>(setname.clone(), args)
+    });
+    for result in futures::future::join_all(named).await {
+        if let Err(err) = result {
+            tracing::debug!(%err, "CLIENT SETNAME failed");
+        }
     }
 }
 
@@ -1174,7 +1249,8 @@ mod tests {
     #[tokio::test]
     async fn a_requests_future_holds_no_command_future_inline() {
         // Nothing listens on port 1: the futures are measured, never polled.
-        let node = Node::build("redis://127.0.0.1:1", Duration::from_secs(1), None).expect("a valid url");
+        let node =
+            Node::build("redis://127.0.0.1:1", Duration::from_secs(1), None, None).expect("a valid url");
         let keys = LockKeys::new("relock", "size");
         let owner = Str::from("owner:1");
         let sizes = [

@@ -116,7 +116,25 @@ async fn renew_round(core: Arc<Core>) {
         renewed = Empty,
         elapsed_us = Empty
     );
-    renew(&core, holds).instrument(span).await;
+    // The client's record (see `identity.rs`) goes beside the round, on every master.
+    let record = write_record(&core);
+    futures::join!(renew(&core, holds).instrument(span), record);
+}
+
+/// Writes this client's record with the watchdog's lease on every master. Best effort: a failure
+/// leaves it to the next round.
+async fn write_record(core: &Core) {
+    let (identity, lease) = (&core.identity, core.config.get_watchdog_timeout());
+    let writes = core
+        .masters
+        .nodes
+        .iter()
+        .map(|node| node.write_record(&identity.key, &identity.value, lease));
+    for result in futures::future::join_all(writes).await {
+        if let Err(err) = result {
+            tracing::debug!(%err, "the client's record was not written");
+        }
+    }
 }
 
 /// One round over `holds`: renewed where a majority confirms, lost where a majority has lost them.

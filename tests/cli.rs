@@ -156,28 +156,17 @@ async fn list_and_show_describe_held_locks() {
 
     let json = relock(&["--url", &url, "--json", "list", &format!("{base}:*")], "").await;
     assert_eq!(code(&json), Some(0), "{json:?}");
-    let json = stdout(&json);
-    assert!(
-        json.trim().starts_with('[') && json.trim().ends_with(']'),
-        "{json}"
-    );
-    assert!(
-        json.contains(&format!(
-            "{{\"name\":\"{twice}\",\"key\":\"relock:{{{twice}}}\",\"hold_count\":2,"
-        )),
-        "{json}"
-    );
-    assert!(
-        json.contains(&format!(
-            "\"fence\":{},\"contended\":false,\"holders\":[{{\"client_id\":\"{client_id}\"",
-            first_token
-        )),
-        "{json}"
-    );
-    assert!(
-        json.contains(&format!("\"name\":\"{base}:q\\\"uo\\\\te\"")),
-        "{json}"
-    );
+    let json = parse(&stdout(&json));
+    let locks = json.as_array().unwrap_or_else(|| panic!("an array: {json}"));
+    let listed = |name: &str| locks.iter().find(|lock| lock["name"] == name).cloned();
+    let lock = listed(&twice).unwrap_or_else(|| panic!("{twice} listed: {json}"));
+    assert_eq!(lock["key"], format!("relock:{{{twice}}}"), "{lock}");
+    assert_eq!(lock["hold_count"], 2, "{lock}");
+    assert_eq!(lock["fence"], first_token, "{lock}");
+    assert_eq!(lock["contended"], false, "{lock}");
+    assert_eq!(lock["holders"][0]["client_id"], client_id.as_str(), "{lock}");
+    assert!(lock["holders"][0].get("client").is_some(), "{lock}");
+    assert!(listed(&format!("{base}:q\"uo\\te")).is_some(), "{json}");
 
     let shown = relock(&["--url", &url, "show", &twice], "").await;
     assert_eq!(code(&shown), Some(0), "{shown:?}");
@@ -224,8 +213,8 @@ async fn missing_locks_bad_names_and_bad_urls_have_their_exit_codes() {
     );
     let json = relock(&["--url", &url, "--json", "show", &batch], "").await;
     assert_eq!(
-        stdout(&json).trim(),
-        format!("{{\"name\":\"{batch}\",\"latch_count\":3}}")
+        parse(&stdout(&json)),
+        serde_json::json!({ "name": batch, "latch_count": 3 })
     );
     latches.shutdown().await;
 
@@ -684,29 +673,32 @@ async fn show_describes_a_semaphore_and_its_holders() {
 
     let json = relock(&["--url", &url, "--json", "show", &name], "").await;
     assert_eq!(code(&json), Some(0), "{json:?}");
-    let json = stdout(&json);
-    let json = json.trim();
-    println!("{json}");
-    assert!(
-        json.starts_with(&format!(
-            "{{\"name\":\"{name}\",\"semaphore\":{{\"key\":\"relock:{{{name}}}:sem\",\"permits\":4,\"held\":3,\"available\":1,\"holders\":["
-        )),
+    let json = parse(&stdout(&json));
+    assert_eq!(json["name"], name.as_str(), "{json}");
+    let semaphore = &json["semaphore"];
+    assert_eq!(semaphore["key"], format!("relock:{{{name}}}:sem"), "{json}");
+    assert_eq!(
+        [&semaphore["permits"], &semaphore["held"], &semaphore["available"]],
+        [4, 3, 1],
         "{json}"
     );
+    let holders = semaphore["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 2, "{json}");
     for holder in [&first, &second] {
-        assert!(
-            json.contains(&format!(
-                "\"key\":\"{}\",\"client_id\":\"{}\",\"owner\":\"{}\",\"generation\":{},\"permits\":{},\"ttl_ms\":",
-                holder.key,
-                holder.client_id,
-                holder.owner,
-                holder.generation.expect("generation"),
-                holder.permits
-            )),
-            "{json}"
+        let shown = holders
+            .iter()
+            .find(|h| h["key"] == holder.key.as_str())
+            .unwrap_or_else(|| panic!("{} shown: {json}", holder.key));
+        assert_eq!(shown["client_id"], holder.client_id.as_str(), "{shown}");
+        assert_eq!(shown["owner"], holder.owner.as_str(), "{shown}");
+        assert_eq!(
+            shown["generation"],
+            holder.generation.expect("generation"),
+            "{shown}"
         );
+        assert_eq!(shown["permits"], holder.permits, "{shown}");
+        assert!(shown["ttl_ms"].as_u64().is_some(), "{shown}");
     }
-    assert!(json.ends_with("]}}"), "{json}");
 
     let listed = relock(&["--url", &url, "list", "--semaphores", &name], "").await;
     assert_eq!(code(&listed), Some(0), "{listed:?}");
@@ -738,13 +730,11 @@ async fn show_describes_a_semaphore_and_its_holders() {
             && text.contains("held      2"),
         "{text}"
     );
-    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
-    assert!(
-        json.starts_with(&format!("{{\"name\":\"{name}\",\"key\":\"relock:{{{name}}}\""))
-            && json.contains(",\"semaphore\":{\"key\":")
-            && json.contains("\"held\":2,"),
-        "{json}"
-    );
+    let json = parse(&stdout(
+        &relock(&["--url", &url, "--json", "show", &name], "").await,
+    ));
+    assert_eq!(json["key"], format!("relock:{{{name}}}"), "{json}");
+    assert_eq!(json["semaphore"]["held"], 2, "{json}");
     drop(guard);
 
     // Given back: the semaphore stays, with its permits and no holder; not listed as held.
@@ -840,17 +830,19 @@ async fn show_describes_a_fair_lock_and_its_queue() {
             "{text}"
         );
     }
-    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
-    println!("{json}");
-    assert!(
-        json.starts_with(&format!(
-            "{{\"name\":\"{name}\",\"fair_lock\":{{\"name\":\"{name}\",\"lock\":{{\"name\":\"{name}\",\"key\":\"relock:{{{name}}}:fair\""
-        )) && json.contains(&format!(
-            "\"queue\":[{{\"client_id\":\"{}\",\"owner\":\"{}\",\"ttl_ms\":",
-            queue[0].client_id, queue[0].owner
-        )),
+    let json = parse(&stdout(
+        &relock(&["--url", &url, "--json", "show", &name], "").await,
+    ));
+    let fair = &json["fair_lock"];
+    assert_eq!(fair["name"], name.as_str(), "{json}");
+    assert_eq!(fair["lock"]["key"], format!("relock:{{{name}}}:fair"), "{json}");
+    assert_eq!(
+        fair["queue"][0]["client_id"],
+        queue[0].client_id.as_str(),
         "{json}"
     );
+    assert_eq!(fair["queue"][0]["owner"], queue[0].owner.as_str(), "{json}");
+    assert!(fair["queue"][0]["ttl_ms"].as_u64().is_some(), "{json}");
     let listed = stdout(&relock(&["--url", &url, "list", "--fair", &name], "").await);
     let cells = row(&listed, &name).unwrap_or_else(|| panic!("{listed}"));
     assert_eq!(
@@ -971,16 +963,26 @@ async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
         )),
         "{text}"
     );
-    let json = stdout(&relock(&["--url", &url, "--json", "show", &name], "").await);
-    println!("{json}");
+    let json = parse(&stdout(
+        &relock(&["--url", &url, "--json", "show", &name], "").await,
+    ));
+    let rw = &json["rw_lock"];
+    assert_eq!(rw["name"], name.as_str(), "{json}");
+    assert!(rw["writer"].is_null(), "{json}");
+    let shown = rw["readers"].as_array().expect("readers");
     assert!(
-        json.starts_with(&format!(
-            "{{\"name\":\"{name}\",\"rw_lock\":{{\"name\":\"{name}\",\"writer\":null,\"readers\":[{{\"key\":\"{}\",\"ttl_ms\":",
-            info.readers[0].key
-        )) && json.contains(&format!(
-            "\"waiting_writers\":[{{\"client_id\":\"{}\",\"owner\":\"{}\",\"ttl_ms\":",
-            waiting.client_id, waiting.owner
-        )),
+        shown.iter().any(|r| r["key"] == info.readers[0].key.as_str()),
+        "{json}"
+    );
+    assert!(shown.iter().all(|r| r["ttl_ms"].as_u64().is_some()), "{json}");
+    assert_eq!(
+        rw["waiting_writers"][0]["client_id"],
+        waiting.client_id.as_str(),
+        "{json}"
+    );
+    assert_eq!(
+        rw["waiting_writers"][0]["owner"],
+        waiting.owner.as_str(),
         "{json}"
     );
     let listed = stdout(&relock(&["--url", &url, "list", "--rw", &name], "").await);
@@ -1017,12 +1019,10 @@ async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
     // `unlock --rw`: the writer goes, and learns it.
     let unlocked = relock(&["--url", &url, "--json", "unlock", "--rw", "--yes", &name], "").await;
     assert_eq!(code(&unlocked), Some(0), "{unlocked:?}");
-    assert!(
-        stdout(&unlocked).starts_with(&format!(
-            "{{\"removed\":true,\"rw_lock\":{{\"name\":\"{name}\",\"writer\":{{"
-        )),
-        "{unlocked:?}"
-    );
+    let json = parse(&stdout(&unlocked));
+    assert_eq!(json["removed"], true, "{json}");
+    assert_eq!(json["rw_lock"]["name"], name.as_str(), "{json}");
+    assert!(json["rw_lock"]["writer"].is_object(), "{json}");
     tokio::time::timeout(Duration::from_secs(5), written.lost())
         .await
         .expect("the writer learns it at its watchdog's next round");
@@ -1043,4 +1043,9 @@ async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
     ));
     one.shutdown().await;
     two.shutdown().await;
+}
+
+/// The CLI's JSON output, parsed.
+fn parse(text: &str) -> serde_json::Value {
+    serde_json::from_str(text.trim()).unwrap_or_else(|err| panic!("JSON ({err}): {text}"))
 }

@@ -1421,3 +1421,66 @@ async fn reentrancy_can_be_turned_off_per_lock_and_per_client() {
     let again = lock.clone().reentrant(true).acquire().await.unwrap();
     assert_eq!(again.hold_count(), 2);
 }
+
+/// Operators find the holder: the client's connections carry its name (`CLIENT LIST`), and while
+/// it holds anything its record (name, host, process) stands beside its holds, so `inspect` says
+/// which program on which host holds a lock. Once nothing is renewed for a lease, the record goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_names_the_program_host_and_process_that_hold_a_lock() {
+    let server = RedisServer::start();
+    let config = support::fast_config().client_name("inventory-test");
+    let client = LockClient::connect_with(&server.url(), config).await.unwrap();
+    let named = eventually(Duration::from_secs(5), || {
+        matches!(server.cmd(&["CLIENT", "LIST"]), Reply::Str(list) if list.contains("name=inventory-test "))
+    })
+    .await;
+    assert!(named, "the connections carry the client's name");
+
+    let name = unique_name("identity");
+    let guard = client.lock(&name).acquire().await.unwrap();
+    let mut client_info = None;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while client_info.is_none() && Instant::now() < deadline {
+        let info = client.inspect(&name).await.unwrap().expect("held");
+        client_info = info.holders[0].client.clone();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client_info = client_info.expect("the holder's record within a watchdog round");
+    assert_eq!(client_info.name, "inventory-test");
+    assert_eq!(client_info.pid, std::process::id());
+    assert!(!client_info.host.is_empty());
+    assert!(!client_info.version.is_empty());
+    let records = server.keys("relock:client:*");
+    assert_eq!(
+        records.len(),
+        1,
+        "one record per client, not per lock: {records:?}"
+    );
+    drop(guard);
+    // Nothing held: the record is not renewed and runs out with the watchdog's lease (1.5 s).
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .keys("relock:client:*")
+            .is_empty())
+        .await
+    );
+    // Held again, recorded again; a shutdown removes the record at once.
+    let _guard = client.lock(&name).acquire().await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || server.keys("relock:client:*").len()
+            == 1)
+        .await
+    );
+    client.shutdown().await;
+    assert!(
+        server.keys("relock:client:*").is_empty(),
+        "removed by the shutdown"
+    );
+
+    // A name Redis would refuse is refused before any I/O.
+    let bad = LockConfig::default().client_name("two words");
+    assert!(matches!(
+        LockClient::connect_with(&server.url(), bad).await,
+        Err(Error::InvalidConfig(message)) if message.contains("client_name")
+    ));
+}

@@ -275,6 +275,8 @@ const MINIMAL_ACL: &[&str] = &[
     "+ping",
     // Sent by fred at every connect.
     "+client|id",
+    // Names relock's connections (`LockConfig::client_name`).
+    "+client|setname",
     // Run by the scripts.
     "+hexists",
     "+hget",

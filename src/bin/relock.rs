@@ -56,8 +56,10 @@ use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::{Options, ServerConfig};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use relock::{
-    Error, FairLockInfo, Holder, LockClient, LockConfig, LockInfo, RwLockInfo, SemaphoreInfo, Waiter,
+    ClientInfo, Error, FairLockInfo, Holder, LockClient, LockConfig, LockInfo, RwLockInfo, SemaphoreInfo,
+    Waiter,
 };
+use serde_json::Value as Json;
 use tokio::sync::broadcast;
 
 /// Done.
@@ -285,14 +287,14 @@ async fn run(cli: Cli) -> u8 {
 fn print_list<T>(
     cli: &Cli,
     items: &[T],
-    json: impl Fn(&T) -> String,
+    json: impl Fn(&T) -> Json,
     header: [&str; 5],
     row: impl Fn(&T) -> Option<[String; 5]>,
     empty: &str,
 ) -> Result<u8, Failure> {
     if cli.json {
-        let items: Vec<String> = items.iter().map(json).collect();
-        out(&format!("[{}]", items.join(",")))?;
+        let items: Vec<Json> = items.iter().map(json).collect();
+        out(&Json::Array(items).to_string())?;
         return Ok(OK);
     }
     if items.is_empty() {
@@ -322,10 +324,7 @@ async fn list(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u
 
 async fn list_semaphores(client: &LockClient, cli: &Cli, pattern: Option<&str>) -> Result<u8, Failure> {
     let semaphores = client.held_semaphores(pattern).await?;
-    let json = |info: &SemaphoreInfo| {
-        let body = semaphore_json(info);
-        format!("{{\"name\":{},{}", json_str(&info.name), &body[1..])
-    };
+    let json = semaphore_json;
     let row = |info: &SemaphoreInfo| {
         let holders: Vec<String> = info
             .holders
@@ -407,23 +406,21 @@ async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u8, Failure>
         // One object: the lock's if it is held, with the latch and the semaphore added.
         let mut object = match &info {
             Some(info) => info_json(info),
-            None => format!("{{\"name\":{}}}", json_str(name)),
+            None => serde_json::json!({ "name": name }),
         };
-        object.pop();
         if latch > 0 {
-            object.push_str(&format!(",\"latch_count\":{latch}"));
+            object["latch_count"] = latch.into();
         }
         if let Some(semaphore) = &semaphore {
-            object.push_str(&format!(",\"semaphore\":{}", semaphore_json(semaphore)));
+            object["semaphore"] = semaphore_json(semaphore);
         }
         if let Some(fair) = &fair {
-            object.push_str(&format!(",\"fair_lock\":{}", fair_json(fair)));
+            object["fair_lock"] = fair_json(fair);
         }
         if let Some(rw) = &rw {
-            object.push_str(&format!(",\"rw_lock\":{}", rw_json(rw)));
+            object["rw_lock"] = rw_json(rw);
         }
-        object.push('}');
-        out(&object)?;
+        out(&object.to_string())?;
         return Ok(OK);
     }
     let mut parts = Vec::new();
@@ -458,7 +455,7 @@ enum Kind {
 struct Target {
     question: String,
     detail: String,
-    json: String,
+    json: (&'static str, Json),
 }
 
 /// The lock `unlock` would remove, as read now; `None` if nobody holds it.
@@ -468,7 +465,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
         Kind::Plain => client.inspect(name).await?.map(|info| Target {
             question: format!("Remove lock {name:?}, {}?", held_by(&info)),
             detail: detail(&info),
-            json: format!("\"lock\":{}", info_json(&info)),
+            json: ("lock", info_json(&info)),
         }),
         Kind::Fair => match client.inspect_fair_lock(name).await? {
             Some(fair) => fair.lock.as_ref().map(|info| Target {
@@ -478,7 +475,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
                     fair.queue.len()
                 ),
                 detail: fair_detail(&fair),
-                json: format!("\"fair_lock\":{}", fair_json(&fair)),
+                json: ("fair_lock", fair_json(&fair)),
             }),
             None => None,
         },
@@ -493,7 +490,7 @@ async fn unlock_target(client: &LockClient, name: &str, kind: Kind) -> Result<Op
                     rw.waiting_writers.len()
                 ),
                 detail: rw_detail(&rw),
-                json: format!("\"rw_lock\":{}", rw_json(&rw)),
+                json: ("rw_lock", rw_json(&rw)),
             }),
             _ => None,
         },
@@ -529,7 +526,10 @@ async fn unlock(client: &LockClient, cli: &Cli, name: &str, kind: Kind, yes: boo
         Kind::Rw => client.rw_lock(name).force_unlock().await?,
     };
     if cli.json {
-        out(&format!("{{\"removed\":{removed},{}}}", target.json))?;
+        let (kind, value) = target.json;
+        let mut object = serde_json::json!({ "removed": removed });
+        object[kind] = value;
+        out(&object.to_string())?;
     } else if removed {
         out(&format!("removed:\n{}", target.detail))?;
     }
@@ -773,15 +773,16 @@ fn emit(cli: &Cli, name: &str, event: &Event<'_>) -> Result<(), Failure> {
     let time = timestamp(SystemTime::now());
     let count = event.count;
     let line = if cli.json {
-        format!(
-            "{{\"time\":{},\"event\":{},\"lock\":{},\"holder\":{},\"count\":{count},\"ttl_ms\":{},\"fence\":{}}}",
-            json_str(&time),
-            json_str(event.kind),
-            json_str(name),
-            holder_json(event.holder),
-            event.ttl.map_or_else(|| "null".to_string(), |t| t.as_millis().to_string()),
-            event.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
-        )
+        serde_json::json!({
+            "time": time,
+            "event": event.kind,
+            "lock": name,
+            "holder": to_json(event.holder),
+            "count": count,
+            "ttl_ms": ttl_ms(event.ttl),
+            "fence": event.fence,
+        })
+        .to_string()
     } else {
         format!(
             "{time} {:<7} {name} holder={} count={count} ttl={} fence={}",
@@ -940,7 +941,7 @@ fn semaphore_detail(info: &SemaphoreInfo) -> String {
     );
     for holder in &info.holders {
         text.push_str(&format!(
-            "\nholder client {} owner {} generation {} permits {} ttl {}",
+            "\nholder client {} owner {} generation {} permits {} ttl {}{}",
             holder.client_id,
             holder.owner,
             holder
@@ -948,37 +949,18 @@ fn semaphore_detail(info: &SemaphoreInfo) -> String {
                 .map_or_else(|| "-".to_string(), |g| g.to_string()),
             holder.permits,
             ttl_text(holder.ttl),
+            client_text(holder.client.as_ref()),
         ));
     }
     text
 }
 
-fn semaphore_json(info: &SemaphoreInfo) -> String {
-    let holders: Vec<String> = info
-        .holders
-        .iter()
-        .map(|holder| {
-            format!(
-                "{{\"key\":{},\"client_id\":{},\"owner\":{},\"generation\":{},\"permits\":{},\"ttl_ms\":{}}}",
-                json_str(&holder.key),
-                json_str(&holder.client_id),
-                json_str(&holder.owner),
-                holder
-                    .generation
-                    .map_or_else(|| "null".to_string(), |g| g.to_string()),
-                holder.permits,
-                ttl_ms(holder.ttl),
-            )
-        })
-        .collect();
-    format!(
-        "{{\"key\":{},\"permits\":{},\"held\":{},\"available\":{},\"holders\":[{}]}}",
-        json_str(&info.key),
-        info.permits,
-        info.held(),
-        info.available(),
-        holders.join(","),
-    )
+/// A semaphore in JSON: as `Serialize` writes it, with how many permits are held and free.
+fn semaphore_json(info: &SemaphoreInfo) -> Json {
+    let mut value = to_json(info);
+    value["held"] = info.held().into();
+    value["available"] = info.available().into();
+    value
 }
 
 fn fair_detail(info: &FairLockInfo) -> String {
@@ -1019,70 +1001,68 @@ fn waiter_text(waiter: &Waiter) -> String {
     )
 }
 
-fn fair_json(info: &FairLockInfo) -> String {
-    format!(
-        "{{\"name\":{},\"lock\":{},\"queue\":{}}}",
-        json_str(&info.name),
-        info.lock.as_ref().map_or_else(|| "null".to_string(), info_json),
-        waiters_json(&info.queue),
-    )
+/// A fair lock in JSON: its hold as [`info_json`] writes a lock, and its queue.
+fn fair_json(info: &FairLockInfo) -> Json {
+    let mut value = to_json(info);
+    value["lock"] = info.lock.as_ref().map_or(Json::Null, info_json);
+    value
 }
 
-fn rw_json(info: &RwLockInfo) -> String {
-    let readers: Vec<String> = info
+/// A read-write lock in JSON: its writer as [`info_json`] writes a lock, each reader as its holder
+/// with its key and lease, and the waiting writers.
+fn rw_json(info: &RwLockInfo) -> Json {
+    let readers: Vec<Json> = info
         .readers
         .iter()
         .map(|reader| {
-            let holder = holder_json(&reader.holder);
-            format!(
-                "{{\"key\":{},\"ttl_ms\":{},{}",
-                json_str(&reader.key),
-                ttl_ms(reader.ttl),
-                &holder[1..]
-            )
+            let mut value = to_json(&reader.holder);
+            value["key"] = reader.key.clone().into();
+            value["ttl_ms"] = ttl_ms(reader.ttl);
+            value
         })
         .collect();
-    format!(
-        "{{\"name\":{},\"writer\":{},\"readers\":[{}],\"waiting_writers\":{}}}",
-        json_str(&info.name),
-        info.writer.as_ref().map_or_else(|| "null".to_string(), info_json),
-        readers.join(","),
-        waiters_json(&info.waiting_writers),
-    )
-}
-
-fn waiters_json(waiters: &[Waiter]) -> String {
-    let items: Vec<String> = waiters
-        .iter()
-        .map(|waiter| {
-            format!(
-                "{{\"client_id\":{},\"owner\":{},\"ttl_ms\":{}}}",
-                json_str(&waiter.client_id),
-                json_str(&waiter.owner),
-                ttl_ms(waiter.ttl),
-            )
-        })
-        .collect();
-    format!("[{}]", items.join(","))
+    serde_json::json!({
+        "name": info.name,
+        "writer": info.writer.as_ref().map_or(Json::Null, info_json),
+        "readers": readers,
+        "waiting_writers": to_json(&info.waiting_writers),
+    })
 }
 
 /// A lease left in JSON: milliseconds, or `null` for none.
-fn ttl_ms(ttl: Option<Duration>) -> String {
-    ttl.map_or_else(|| "null".to_string(), |t| t.as_millis().to_string())
+fn ttl_ms(ttl: Option<Duration>) -> Json {
+    ttl.map_or(Json::Null, |t| {
+        (t.as_millis().min(u64::MAX as u128) as u64).into()
+    })
 }
 
-/// A lock's holders, `client:owner` each, comma-separated.
+/// A lock's holders, `client:owner` each (with the client's name and host where it said them),
+/// comma-separated.
 fn owners(info: &LockInfo) -> String {
-    let owners: Vec<String> = info.holders.iter().map(holder_name).collect();
+    let owners: Vec<String> = info
+        .holders
+        .iter()
+        .map(|holder| format!("{}{}", holder_name(holder), client_text(holder.client.as_ref())))
+        .collect();
     owners.join(",")
 }
 
-/// A hold as `show` prints it: `client … owner … generation … count …`.
 fn holder_text(holder: &Holder) -> String {
     format!(
-        "client {} owner {} generation {} count {}",
-        holder.client_id, holder.owner, holder.generation, holder.count
+        "client {} owner {} generation {} count {}{}",
+        holder.client_id,
+        holder.owner,
+        holder.generation,
+        holder.count,
+        client_text(holder.client.as_ref())
     )
+}
+
+/// Who a client is, as its record says: ` (inventory-4242 on web-1, pid 4242)`; empty without one.
+fn client_text(client: Option<&ClientInfo>) -> String {
+    client.map_or_else(String::new, |c| {
+        format!(" ({} on {}, pid {})", c.name, c.host, c.pid)
+    })
 }
 
 fn holder_name(holder: &Holder) -> String {
@@ -1118,49 +1098,16 @@ fn table(rows: &[[String; 5]]) -> String {
     lines.join("\n")
 }
 
-fn info_json(info: &LockInfo) -> String {
-    let holders: Vec<String> = info.holders.iter().map(holder_json).collect();
-    format!(
-        "{{\"name\":{},\"key\":{},\"hold_count\":{},\"ttl_ms\":{},\"fence\":{},\"contended\":{},\"holders\":[{}]}}",
-        json_str(&info.name),
-        json_str(&info.key),
-        info.hold_count(),
-        ttl_ms(info.ttl),
-        info.fence.map_or_else(|| "null".to_string(), |f| f.to_string()),
-        info.contended,
-        holders.join(","),
-    )
+/// A lock in JSON: as `Serialize` writes it, with its hold count.
+fn info_json(info: &LockInfo) -> Json {
+    let mut value = to_json(info);
+    value["hold_count"] = info.hold_count().into();
+    value
 }
 
-fn holder_json(holder: &Holder) -> String {
-    format!(
-        "{{\"client_id\":{},\"owner\":{},\"generation\":{},\"count\":{}}}",
-        json_str(&holder.client_id),
-        json_str(&holder.owner),
-        holder.generation,
-        holder.count
-    )
-}
-
-/// A JSON string literal: quotes, backslashes and control characters escaped.
-fn json_str(text: &str) -> String {
-    let mut out = String::with_capacity(text.len() + 2);
-    out.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 || c == '\u{2028}' || c == '\u{2029}' => {
-                out.push_str(&format!("\\u{:04x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
+/// `value` in JSON (the inspection types serialize without fail).
+fn to_json<T: serde::Serialize>(value: &T) -> Json {
+    serde_json::to_value(value).unwrap_or(Json::Null)
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.

@@ -565,13 +565,21 @@ pub async fn acquire_many(client: &relock::LockClient, base: &str, n: usize) -> 
     guards
 }
 
-/// The keys matching `pattern` on `servers`, fence counters left out (they outlive every lock).
+/// The keys matching `pattern` on `servers`, fence counters and clients' records left out (a fence
+/// outlives every lock, and a client's record its holds by up to a lease).
 pub fn keys_besides_fences(servers: &[&RedisServer], pattern: &str) -> Vec<String> {
     servers
         .iter()
         .flat_map(|server| server.keys(pattern))
-        .filter(|key| !key.ends_with(":fence"))
+        .filter(|key| !key.ends_with(":fence") && !is_client_record(key))
         .collect()
+}
+
+/// Whether `key` is a client's record (`{prefix}:client:{id}`), which a client keeps while it
+/// holds anything and which outlives its holds by up to a lease.
+pub fn is_client_record(key: &str) -> bool {
+    key.split_once(":client:{")
+        .is_some_and(|(_, id)| id.len() == 33 && id.ends_with('}'))
 }
 
 /// A plain fred client, for reads and writes that do not go through relock.
