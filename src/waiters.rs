@@ -14,7 +14,9 @@
 //! awaited: fred confirms them). A slot that moves (resharding, failover) drops its subscriptions
 //! on the server without a word that fred passes on, so while anyone waits the task re-reads the
 //! slot map every [`CLUSTER_SCAN`] (as Redisson's `scanInterval`), subscribes again where a waited
-//! slot now lives, and wakes its waiters to try again.
+//! slot now lives, and wakes its waiters to try again; and where the cluster's epoch rose since the
+//! last scan (a slot moved away and back in between looks unmoved), it subscribes everything
+//! again.
 
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
@@ -108,6 +110,8 @@ impl Entry {
 struct Shared {
     channels: Mutex<HashMap<Str, Entry>>,
     kick: Notify,
+    /// On a cluster, the largest `cluster_current_epoch` a scan has read; 0 before the first.
+    epoch: std::sync::atomic::AtomicU64,
 }
 
 /// The waiting side of one node.
@@ -409,11 +413,27 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
 
 /// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
 /// now, and their waiters woken (a release may have been announced where nobody listened).
+///
+/// A slot that moved away and back between two scans has the same primary as before, but that
+/// primary dropped its subscriptions when the slot left (without a word that fred passes on).
+/// Every such move raises the cluster's epoch (the primary that takes a slot bumps its own), so
+/// a scan that reads a higher `cluster_current_epoch` than any before subscribes every channel
+/// again where it lives, and wakes its waiters. Epochs rise only with moves and failovers: that
+/// costs nothing while the cluster stands still.
 async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
     if let Err(err) = bounded(link, subscriber.sync_cluster()).await {
         tracing::debug!(%err, "reading the cluster's slots failed");
         return;
     }
+    let bumped = match current_epoch(link).await {
+        Some(epoch) => {
+            let before = shared
+                .epoch
+                .fetch_max(epoch, std::sync::atomic::Ordering::Relaxed);
+            before != 0 && epoch > before
+        }
+        None => false,
+    };
     let (moved, unsent) = {
         let mut channels = shared.channels.lock();
         let (mut moved, mut unsent) = (0, 0);
@@ -423,7 +443,7 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
                 continue;
             }
             let owner = crate::topology::slot_owner(subscriber, link.topology.slot(channel));
-            if owner != entry.owner {
+            if bumped || owner != entry.owner {
                 entry.sent = false;
                 entry.confirmed = false;
                 moved += 1;
@@ -439,6 +459,25 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
         );
         sync(shared, subscriber, link).await;
     }
+}
+
+/// The `cluster_current_epoch` of a node of the cluster (any), if it answers.
+async fn current_epoch(link: &NodeClient) -> Option<u64> {
+    let info = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
+    let request = link
+        .cmd
+        .custom::<String, _>(info, vec![Value::from_static_str("INFO")]);
+    let text = match tokio::time::timeout(link.bound(), request).await {
+        Ok(Ok(text)) => text,
+        Ok(Err(err)) => {
+            tracing::debug!(%err, "CLUSTER INFO failed");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    text.lines()
+        .find_map(|line| line.strip_prefix("cluster_current_epoch:"))
+        .and_then(|epoch| epoch.trim().parse().ok())
 }
 
 /// Brings the server's subscriptions in line with the registered interest: two batched commands, or

@@ -211,6 +211,55 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
         "left behind: {:?}",
         cluster.lock_keys()
     );
+
+    // Moved away and back between two of the waiter's scans of the slot map: the slot's primary is
+    // the one it subscribed on, but the server dropped the subscription when the slot left. The
+    // waiter subscribes again all the same, and the release still wakes it. A fixed lease of 20 s:
+    // a waiter that missed the release would sleep until it ends.
+    let held = a
+        .lock(&name)
+        .lease(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let lock = b.lock(&name);
+    let waiter = tokio::spawn(async move {
+        let guard = lock.acquire().await.expect("waiter");
+        (Instant::now(), guard)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let home = cluster.primary_of_slot(slot).port();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let away = cluster
+            .primaries()
+            .into_iter()
+            .find(|p| p.port() != home)
+            .unwrap()
+            .port();
+        let node = |port: u16| cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+        // Each move takes milliseconds, as a resharding tool's do.
+        cluster.move_slot_from(node(home), slot, node(away));
+        cluster.move_slot(slot, node(home));
+        cluster
+    })
+    .await
+    .unwrap();
+    assert_eq!(cluster.primary_of_slot(slot).port(), home, "moved back");
+    // Two scans of the slot map: then the release.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(held.is_held() && !waiter.is_finished());
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter never granted")
+        .unwrap();
+    assert!(
+        granted - released < Duration::from_millis(1500),
+        "after a move away and back, woken only after {:?}",
+        granted - released
+    );
+    guard.release().await.unwrap();
     a.shutdown().await;
     b.shutdown().await;
 }

@@ -206,7 +206,16 @@ impl RedisCluster {
     /// Moves `slot` with its keys from its primary to `to`, as `redis-cli --cluster reshard` does:
     /// `SETSLOT IMPORTING`/`MIGRATING`, `MIGRATE` in batches, then `SETSLOT NODE` everywhere.
     pub fn move_slot(&self, slot: u16, to: &RedisServer) {
-        let from = self.primary_of_slot(slot);
+        self.move_slot_from(self.primary_of_slot(slot), slot, to);
+        self.wait_until(Duration::from_secs(20), "agreed on the moved slot", |c| {
+            c.settled() && c.primary_of_slot(slot).port() == to.port()
+        });
+    }
+
+    /// [`move_slot`](RedisCluster::move_slot) from the primary `from`, without waiting for the
+    /// cluster to agree on it (every primary was told): a move in a few milliseconds, as a
+    /// resharding tool makes it.
+    pub fn move_slot_from(&self, from: &RedisServer, slot: u16, to: &RedisServer) {
         assert_ne!(from.port(), to.port(), "the slot is there already");
         let (from_id, to_id) = (node_id(from), node_id(to));
         let slot_arg = slot.to_string();
@@ -231,9 +240,6 @@ impl RedisCluster {
         for node in self.primaries() {
             expect_ok(node.cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]));
         }
-        self.wait_until(Duration::from_secs(20), "agreed on the moved slot", |c| {
-            c.settled() && c.primary_of_slot(slot).port() == to.port()
-        });
     }
 
     /// Kills the primary serving `slot`, waits until one of its replicas serves it, then starts the
