@@ -138,6 +138,29 @@ async fn cluster_waiter_is_woken_by_the_release() {
     b.shutdown().await;
 }
 
+/// A task of `client` that waits for the lock `name`: when it was granted, and its guard.
+fn waiter_for(client: &LockClient, name: &str) -> tokio::task::JoinHandle<(Instant, relock::LockGuard)> {
+    let lock = client.lock(name);
+    tokio::spawn(async move {
+        let guard = lock.acquire().await.expect("waiter");
+        (Instant::now(), guard)
+    })
+}
+
+/// Releases `held`; how long after that `waiter` was granted, and its guard.
+async fn granted_after_release(
+    held: relock::LockGuard,
+    waiter: tokio::task::JoinHandle<(Instant, relock::LockGuard)>,
+) -> (Duration, relock::LockGuard) {
+    let released = Instant::now();
+    held.release().await.unwrap();
+    let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter never granted")
+        .unwrap();
+    (granted - released, guard)
+}
+
 /// Resharding a held lock: its slot moves to another primary. The lock stays held and renewed, the
 /// waiter stays excluded and is woken by the release after the move (its subscription follows the
 /// slot), and nothing is left behind.
@@ -154,11 +177,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     let name = unique_name("moved");
     let key = lock_key(&name);
     let held = a.lock(&name).acquire().await.unwrap();
-    let lock = b.lock(&name);
-    let waiter = tokio::spawn(async move {
-        let guard = lock.acquire().await.expect("waiter");
-        (Instant::now(), guard)
-    });
+    let waiter = waiter_for(&b, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     let slot = cluster.slot(&key);
@@ -192,19 +211,10 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     assert!(!waiter.is_finished(), "the waiter was granted a held lock");
     assert!(cluster.primary_of_slot(slot).exists(&key));
 
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("waiter never granted")
-        .unwrap();
     // The lease left at the release is at least two thirds of it (renewed every third): waking
     // well before that is the release message at work.
-    assert!(
-        granted - released < Duration::from_millis(1500),
-        "woken only after {:?}",
-        granted - released
-    );
+    let (woken, guard) = granted_after_release(held, waiter).await;
+    assert!(woken < Duration::from_millis(1500), "woken only after {woken:?}");
     guard.release().await.unwrap();
     assert!(
         cluster.lock_keys().is_empty(),
@@ -222,11 +232,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
         .acquire()
         .await
         .unwrap();
-    let lock = b.lock(&name);
-    let waiter = tokio::spawn(async move {
-        let guard = lock.acquire().await.expect("waiter");
-        (Instant::now(), guard)
-    });
+    let waiter = waiter_for(&b, &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let home = cluster.primary_of_slot(slot).port();
     let cluster = tokio::task::spawn_blocking(move || {
@@ -248,16 +254,10 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     // Two scans of the slot map: then the release.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert!(held.is_held() && !waiter.is_finished());
-    let released = Instant::now();
-    held.release().await.unwrap();
-    let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
-        .await
-        .expect("waiter never granted")
-        .unwrap();
+    let (woken, guard) = granted_after_release(held, waiter).await;
     assert!(
-        granted - released < Duration::from_millis(1500),
-        "after a move away and back, woken only after {:?}",
-        granted - released
+        woken < Duration::from_millis(1500),
+        "after a move away and back, woken only after {woken:?}"
     );
     guard.release().await.unwrap();
     a.shutdown().await;
