@@ -783,8 +783,8 @@ impl Core {
         to: &Arc<Hold>,
         yield_first: bool,
     ) -> Result<bool, Error> {
-        // Attempts that wait for the record go once it is done (or dropped: its undos are queued).
-        let _done = NotifyOnDrop(&self.handoffs.recorded);
+        // Attempts that wait for the record go once it is done (or dropped: its undos are queued),
+        // when the caller's `Settling` goes.
         let keys = &to.keys;
         let (gen, field, lease, token) = {
             let st = to.state.lock();
@@ -975,15 +975,6 @@ impl Core {
             // The waiter left meanwhile.
             self.give_back(grant);
         }
-    }
-}
-
-/// Wakes the attempts that wait for a record of handoffs (see [`Handoffs::settle`]) when dropped.
-pub(crate) struct NotifyOnDrop<'a>(&'a Notify);
-
-impl Drop for NotifyOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.notify_waiters();
     }
 }
 

@@ -464,16 +464,16 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
 /// The `cluster_current_epoch` of a node of the cluster (any), if it answers.
 async fn current_epoch(link: &NodeClient) -> Option<u64> {
     let info = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
+    // Bounded by the command client's own timeout.
     let request = link
         .cmd
         .custom::<String, _>(info, vec![Value::from_static_str("INFO")]);
-    let text = match tokio::time::timeout(link.bound(), request).await {
-        Ok(Ok(text)) => text,
-        Ok(Err(err)) => {
+    let text = match request.await {
+        Ok(text) => text,
+        Err(err) => {
             tracing::debug!(%err, "CLUSTER INFO failed");
             return None;
         }
-        Err(_) => return None,
     };
     text.lines()
         .find_map(|line| line.strip_prefix("cluster_current_epoch:"))
