@@ -61,9 +61,9 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 
 use crate::config::{LockConfig, QuorumConfig};
-use crate::core::Core;
+use crate::engine::core::Core;
 use crate::inspect::{LockInfo, SemaphoreInfo};
-use crate::owner::Owner;
+use crate::primitives::owner::Owner;
 use crate::Error;
 
 // The handles may be shared and sent between threads.

@@ -25,8 +25,10 @@ use fred::clients::{Client, WithOptions};
 use fred::types::Value;
 
 use crate::config::check_name;
-use crate::keys::{FairKeys, LockKeys, RwKeys, SemaphoreKeys};
-use crate::node::Node;
+use crate::redis::keys::{FairKeys, LockKeys, RwKeys, SemaphoreKeys};
+use crate::redis::node::Node;
+
+pub use crate::redis::identity::ClientInfo;
 use crate::{Error, LockClient};
 
 /// A time left, as whole milliseconds (`null` for none), in the inspection types' JSON.
@@ -108,26 +110,6 @@ impl Holder {
             client: None,
         })
     }
-}
-
-/// A [`LockClient`] as it describes itself in Redis while it holds anything (see
-/// [`LockConfig::client_name`](crate::LockConfig::client_name)): the program, host and process
-/// behind a [`Holder`]'s `client_id`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
-#[non_exhaustive]
-pub struct ClientInfo {
-    /// Its name, which its connections also carry (`CLIENT LIST`): by default the program's name
-    /// and process id, as `inventory-4242`.
-    pub name: String,
-    /// The host it runs on.
-    pub host: String,
-    /// Its process id.
-    pub pid: u32,
-    /// When it started, in milliseconds since the Unix epoch by its host's clock.
-    pub started_unix_ms: u64,
-    /// The relock version it runs.
-    pub version: String,
 }
 
 /// The client id and the owner of an owner id `client:owner`, if it is one relock writes.
@@ -542,10 +524,10 @@ impl LockClient {
         }
         let (node, prefix) = (self.node(), self.config().get_key_prefix());
         let records = read_all(ids.into_iter().collect(), |id| async move {
-            let key = crate::identity::record_key(prefix, &id);
+            let key = crate::redis::identity::record_key(prefix, &id);
             let value = node.read_record(&key).await?;
             Ok(value
-                .and_then(|value| crate::identity::parse(&value))
+                .and_then(|value| crate::redis::identity::parse(&value))
                 .map(|info| (id, info)))
         })
         .await?;

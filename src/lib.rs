@@ -72,8 +72,30 @@
 
 #![warn(missing_docs)]
 
-mod batch;
+// The layers, top to bottom: a module uses the layers below its own, never one above (checked by
+// the `layers` test). `error` and `config` are the vocabulary every layer shares.
+
+// The blocking API, over the async one.
 pub mod blocking;
+
+// Operators' reads of who holds what.
+mod inspect;
+
+// The primitives users hold: locks, guards, semaphores, latches, the client that makes them.
+mod primitives;
+
+// The engine: attempts, holds, handoffs, releases, the watchdog, quorums.
+mod engine;
+
+// The Redis transport: connections, batches, scripts, keys, wake-up channels, topologies.
+mod redis;
+
+// Small tools of every layer: deadlines, small collections, telemetry.
+mod util;
+
+// The shared vocabulary.
+mod config;
+mod error;
 
 // The README's examples are compiled with the doctests: the quick start and the blocking program
 // as they stand (`no_run`: they need a server), the snippets that assume a `client` not at all.
@@ -81,57 +103,24 @@ pub mod blocking;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-mod client;
-mod config;
-mod core;
-mod deadline;
-mod error;
-mod few;
-mod guard;
-mod handoff;
-mod hold;
-mod identity;
-mod inspect;
-mod keys;
-mod latch;
-mod link;
-mod lock;
-mod lock_set;
-mod marks;
-mod multi;
-mod node;
-mod owner;
-mod permits;
-mod quorum;
-mod releaser;
-mod rw_lock;
-mod scripts;
-mod semaphore;
-mod set_attempt;
-mod telemetry;
-mod topology;
-mod wait;
-mod waiters;
-mod watchdog;
-
 /// The Redis driver relock runs on, whose client [`LockClient::from_fred`] takes: the same version,
 /// so that a client built through this path fits.
 pub use fred;
 
-pub use client::LockClient;
 pub use config::{
     LockConfig, QuorumConfig, MAX_CLIENT_NAME_LEN, MAX_LEASE, MAX_NAME_LEN, MAX_PREFIX_LEN, MIN_LEASE,
     MIN_RENEW_INTERVAL, MIN_RETRY_DELAY, MIN_TIMEOUT,
 };
 pub use error::Error;
-pub use guard::LockGuard;
 pub use inspect::{
     ClientInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
 };
-pub use latch::CountDownLatch;
-pub use lock::Lock;
-pub use lock_set::{LockSet, LockSetGuard};
-pub use multi::MultiLock;
-pub use owner::Owner;
-pub use rw_lock::RwLock;
-pub use semaphore::{Permit, Semaphore};
+pub use primitives::client::LockClient;
+pub use primitives::guard::LockGuard;
+pub use primitives::latch::CountDownLatch;
+pub use primitives::lock::Lock;
+pub use primitives::lock_set::{LockSet, LockSetGuard};
+pub use primitives::multi::MultiLock;
+pub use primitives::owner::Owner;
+pub use primitives::rw_lock::RwLock;
+pub use primitives::semaphore::{Permit, Semaphore};

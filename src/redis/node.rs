@@ -16,13 +16,13 @@ use fred::prelude::{Builder, Config, ReconnectPolicy};
 use fred::types::config::Options;
 use fred::types::{ClusterHash, CustomCommand, Key, Value};
 
-use crate::batch::{Batcher, Granted, Ints, Op};
-use crate::deadline::Deadlines;
-use crate::keys::{Kind, LockKeys, SemaphoreKeys};
-use crate::link::{NodeClient, Reply, RetryPause, SyncReplicas};
-use crate::scripts::{library, not_run, scripts, Script};
-use crate::topology::{self, ServerInfo, Topology};
-use crate::waiters::Waiters;
+use crate::redis::batch::{Batcher, Granted, Ints, Op};
+use crate::redis::keys::{Kind, LockKeys, SemaphoreKeys};
+use crate::redis::link::{NodeClient, Reply, RetryPause, SyncReplicas};
+use crate::redis::scripts::{library, not_run, scripts, Script};
+use crate::redis::topology::{self, ServerInfo, Topology};
+use crate::redis::waiters::Waiters;
+use crate::util::deadline::Deadlines;
 use crate::Error;
 
 /// The most locks renewed by one script call: bounds the time one call blocks the server.
@@ -725,7 +725,7 @@ impl Node {
     pub(crate) async fn announce_release(&self, keys: &LockKeys) -> Result<(), Error> {
         use fred::interfaces::PubsubInterface;
         let channel = keys.channel.clone();
-        crate::telemetry::redis_call("release");
+        crate::util::telemetry::redis_call("release");
         let _heard: i64 = if self.link.topology.sharded() {
             self.bounded(self.link.batch.spublish(channel, "1")).await?
         } else {
@@ -963,7 +963,7 @@ async fn close(link: Arc<NodeClient>, connections: Vec<fred::types::ConnectHandl
         .into_iter()
         .chain(sync)
         .collect();
-    futures::future::join_all(clients.iter().map(crate::link::quit)).await;
+    futures::future::join_all(clients.iter().map(crate::redis::link::quit)).await;
     for connection in connections {
         connection.abort();
     }
@@ -1124,7 +1124,7 @@ async fn check_access(client: &WithOptions<Client>, waiters: &Waiters, prefix: &
 }
 
 /// Loads relock's function library on `primary` and checks that it runs (see
-/// [`Library`](crate::scripts::Library)): false where the server has no functions (before Redis
+/// [`Library`](crate::redis::scripts::Library)): false where the server has no functions (before Redis
 /// 7.0), the user may not load or call them, or the server refuses them for now (out of memory,
 /// say: the scripts serve then).
 async fn install_library(primary: &impl ClientLike) -> Result<bool, Error> {

@@ -43,18 +43,6 @@ impl Prim {
     /// Every kind, for the figures registered at zero.
     #[cfg(feature = "metrics")]
     const ALL: [Prim; 5] = [Prim::Lock, Prim::Fair, Prim::Read, Prim::Write, Prim::Semaphore];
-
-    /// The primitive whose hold `keys` are (a waiter's mark counts as its lock's).
-    pub(crate) fn of(kind: &crate::keys::Kind) -> Prim {
-        use crate::keys::Kind;
-        match kind {
-            Kind::Plain => Prim::Lock,
-            Kind::Fair { .. } | Kind::Waiter(_) => Prim::Fair,
-            Kind::Read(_) => Prim::Read,
-            Kind::Write { .. } | Kind::Mark(_) => Prim::Write,
-            Kind::Permit => Prim::Semaphore,
-        }
-    }
 }
 
 /// The labels of a lock's figures: its kind, and its name where the client opted in.

@@ -22,11 +22,11 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::core::Core;
-use crate::deadline::Due;
-use crate::hold::{Hold, Job, Resync};
-use crate::keys::LockKeys;
-use crate::quorum;
+use crate::engine::core::Core;
+use crate::engine::hold::{Hold, Job, Resync};
+use crate::engine::quorum;
+use crate::redis::keys::LockKeys;
+use crate::util::deadline::Due;
 use crate::Error;
 
 /// The releaser task.
@@ -298,7 +298,7 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
         }
     }
     let answered = quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready).await;
-    if target == 0 && matches!(resync.keys.kind, crate::keys::Kind::Plain) {
+    if target == 0 && matches!(resync.keys.kind, crate::redis::keys::Kind::Plain) {
         // The lost reply may have been a release's that freed the lock unannounced.
         let announce = ready.iter().filter(|i| !answered.silent.contains(i));
         futures::future::join_all(announce.map(|&i| core.masters.nodes[i].announce_release(&resync.keys)))

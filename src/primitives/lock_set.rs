@@ -8,13 +8,13 @@ use tokio::time::Instant;
 
 use std::sync::Arc;
 
-use crate::guard::LockGuard;
-use crate::keys::LockKeys;
-use crate::lock::{Lock, WakeUp};
-use crate::owner::Owner;
-use crate::set_attempt::SetAttempt;
-use crate::wait::Wait;
-use crate::waiters::{Armed, Subscription};
+use crate::engine::set_attempt::SetAttempt;
+use crate::engine::wait::Wait;
+use crate::primitives::guard::LockGuard;
+use crate::primitives::lock::{Lock, WakeUp};
+use crate::primitives::owner::Owner;
+use crate::redis::keys::LockKeys;
+use crate::redis::waiters::{Armed, Subscription};
 use crate::Error;
 
 /// Several named locks taken together, all or none: made by
@@ -136,7 +136,7 @@ impl LockSet {
         if self.atomic() {
             return self.acquire_at_once(Wait::up_to(wait)?).await;
         }
-        let until = crate::wait::deadline(wait)?;
+        let until = crate::engine::wait::deadline(wait)?;
         let mut guards = Vec::with_capacity(self.locks.len());
         for lock in &self.locks {
             let left = until.saturating_duration_since(Instant::now());
@@ -277,7 +277,7 @@ impl LockSetGuard {
     /// Runs `work` while every lease is held: if one is lost first, `work` is dropped and
     /// `Err(Error::LeaseLost)` is returned.
     pub async fn until_lost<F: Future>(&self, work: F) -> Result<F::Output, Error> {
-        crate::guard::until_lost(self.is_held(), self.lost(), work).await
+        crate::primitives::guard::until_lost(self.is_held(), self.lost(), work).await
     }
 
     /// Releases every name (one level of reentrancy each), in reverse order, and waits for Redis to

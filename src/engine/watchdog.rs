@@ -1,6 +1,6 @@
 //! The watchdog: one task per client that renews every watchdog-mode hold each `renew_interval` (and
 //! checks that fixed-lease holds are still there), in batches of up to
-//! [`RENEW_BATCH`](crate::node::RENEW_BATCH) holds per script call and one call per cluster slot
+//! [`RENEW_BATCH`](crate::redis::node::RENEW_BATCH) holds per script call and one call per cluster slot
 //! (so a round makes at most as many calls per node as there are distinct slots held), all at once;
 //! and that ends a hold's lease the moment it runs out on the monotonic clock.
 //!
@@ -20,9 +20,9 @@ use tokio::time::Instant;
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use crate::core::Core;
-use crate::hold::Hold;
-use crate::telemetry;
+use crate::engine::core::Core;
+use crate::engine::hold::Hold;
+use crate::util::telemetry;
 
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
 const IDLE: Duration = Duration::from_secs(3600);

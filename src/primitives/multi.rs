@@ -4,14 +4,14 @@ use fred::bytes_utils::Str;
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::client::LockClient;
 use crate::config::{LockConfig, QuorumConfig};
-use crate::core::Core;
-use crate::link::SyncReplicas;
-use crate::lock::Lock;
-use crate::lock_set::LockSet;
-use crate::node::Node;
-use crate::quorum::Masters;
+use crate::engine::core::Core;
+use crate::engine::quorum::Masters;
+use crate::primitives::client::LockClient;
+use crate::primitives::lock::Lock;
+use crate::primitives::lock_set::LockSet;
+use crate::redis::link::SyncReplicas;
+use crate::redis::node::Node;
 use crate::Error;
 
 /// Locks held on a majority of N independent Redis masters, with the Redlock algorithm.
@@ -98,7 +98,7 @@ impl MultiLock {
             return Err(err.clone());
         }
         let answered = results.iter().filter(|r| r.is_ok()).count();
-        let needed = crate::quorum::majority(nodes.len());
+        let needed = crate::engine::quorum::majority(nodes.len());
         if answered < needed {
             return Err(Error::Quorum {
                 granted: 0,
@@ -138,7 +138,7 @@ impl MultiLock {
             ));
         }
         Ok(MultiLock {
-            core: crate::client::start_core(Masters { nodes, config }, lock_config, owns_clients),
+            core: crate::primitives::client::start_core(Masters { nodes, config }, lock_config, owns_clients),
         })
     }
 

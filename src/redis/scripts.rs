@@ -55,7 +55,7 @@ impl Script {
         // Where the keys live: a cluster primary that lost the script gets it back.
         let slot = slot_of(&keys);
         let call = call_args(&self.sha, keys, args);
-        crate::telemetry::redis_call(self.name);
+        crate::util::telemetry::redis_call(self.name);
         match client.custom::<R, Value>(evalsha(slot), call).await {
             Err(err) if is_noscript(&err) => {
                 tracing::debug!(script = self.name, "script cache was flushed, loading it again");
@@ -223,7 +223,7 @@ impl Library {
         args: Vec<Value>,
     ) -> Result<R, RedisError> {
         let call = call_args(&self.function, keys, args);
-        crate::telemetry::redis_call("batch");
+        crate::util::telemetry::redis_call("batch");
         let fcall = CustomCommand::new_static("FCALL", ClusterHash::Custom(slot), false);
         client.custom::<R, Value>(fcall, call).await
     }
@@ -253,8 +253,8 @@ pub(crate) fn not_run(err: &RedisError) -> bool {
 macro_rules! with_prelude {
     ($file:literal) => {
         concat!(
-            include_str!("../scripts/prelude.lua"),
-            include_str!(concat!("../scripts/", $file))
+            include_str!("../../scripts/prelude.lua"),
+            include_str!(concat!("../../scripts/", $file))
         )
     };
 }
@@ -263,18 +263,18 @@ macro_rules! with_prelude {
 macro_rules! batch_functions {
     () => {
         concat!(
-            include_str!("../scripts/prelude.lua"),
-            include_str!("../scripts/acquire.lua"),
-            include_str!("../scripts/release.lua"),
-            include_str!("../scripts/rw_read.lua"),
-            include_str!("../scripts/rw_write.lua"),
-            include_str!("../scripts/rw_write_release.lua"),
-            include_str!("../scripts/rw_unmark.lua"),
-            include_str!("../scripts/fair_acquire.lua"),
-            include_str!("../scripts/fair_release.lua"),
-            include_str!("../scripts/fair_leave.lua"),
-            include_str!("../scripts/transfer.lua"),
-            include_str!("../scripts/transfer_granted.lua"),
+            include_str!("../../scripts/prelude.lua"),
+            include_str!("../../scripts/acquire.lua"),
+            include_str!("../../scripts/release.lua"),
+            include_str!("../../scripts/rw_read.lua"),
+            include_str!("../../scripts/rw_write.lua"),
+            include_str!("../../scripts/rw_write_release.lua"),
+            include_str!("../../scripts/rw_unmark.lua"),
+            include_str!("../../scripts/fair_acquire.lua"),
+            include_str!("../../scripts/fair_release.lua"),
+            include_str!("../../scripts/fair_leave.lua"),
+            include_str!("../../scripts/transfer.lua"),
+            include_str!("../../scripts/transfer_granted.lua"),
         )
     };
 }
@@ -283,23 +283,23 @@ macro_rules! batch_functions {
 const BATCH_FUNCTIONS: &str = batch_functions!();
 
 /// The loop of the batch script, which runs the functions.
-const BATCH_LOOP: &str = include_str!("../scripts/batch.lua");
+const BATCH_LOOP: &str = include_str!("../../scripts/batch.lua");
 
 /// The batch script: the shared helpers, the functions of every operation, then the loop that runs
 /// them.
-pub(crate) const BATCH: &str = concat!(batch_functions!(), include_str!("../scripts/batch.lua"));
+pub(crate) const BATCH: &str = concat!(batch_functions!(), include_str!("../../scripts/batch.lua"));
 
 /// The batch script for plain locks only (operations `a`, `q`, `r`, `p`, `t`, `u`): the same loop with only
 /// the functions those run. Every call of a script defines all its functions anew, so leaving out
 /// the read-write and fair locks' saves the server about half a microsecond per call (the common
 /// calls are plain).
 pub(crate) const BATCH_PLAIN: &str = concat!(
-    include_str!("../scripts/prelude.lua"),
-    include_str!("../scripts/acquire.lua"),
-    include_str!("../scripts/release.lua"),
-    include_str!("../scripts/transfer.lua"),
-    include_str!("../scripts/transfer_granted.lua"),
-    include_str!("../scripts/batch.lua")
+    include_str!("../../scripts/prelude.lua"),
+    include_str!("../../scripts/acquire.lua"),
+    include_str!("../../scripts/release.lua"),
+    include_str!("../../scripts/transfer.lua"),
+    include_str!("../../scripts/transfer_granted.lua"),
+    include_str!("../../scripts/batch.lua")
 );
 
 /// Every script relock runs.
@@ -329,11 +329,11 @@ impl Scripts {
             batch: Script::batch("batch", BATCH),
             // The same name in figures and logs: which batch script ran is a detail.
             batch_plain: Script::batch("batch", BATCH_PLAIN),
-            renew: Script::new("renew", include_str!("../scripts/renew.lua")),
+            renew: Script::new("renew", include_str!("../../scripts/renew.lua")),
             force_unlock: Script::new("force_unlock", with_prelude!("force_unlock.lua")),
-            raise_fence: Script::new("raise_fence", include_str!("../scripts/raise_fence.lua")),
+            raise_fence: Script::new("raise_fence", include_str!("../../scripts/raise_fence.lua")),
             draw_token: Script::new("draw_token", with_prelude!("draw_token.lua")),
-            inspect: Script::new("inspect", include_str!("../scripts/inspect.lua")),
+            inspect: Script::new("inspect", include_str!("../../scripts/inspect.lua")),
             latch_set: Script::new("latch_set", with_prelude!("latch_set.lua")),
             latch_count_down: Script::new("latch_count_down", with_prelude!("latch_count_down.lua")),
             latch_count: Script::new("latch_count", with_prelude!("latch_count.lua")),
@@ -343,16 +343,16 @@ impl Scripts {
             lock_all: Script::new(
                 "lock_all",
                 concat!(
-                    include_str!("../scripts/prelude.lua"),
-                    include_str!("../scripts/acquire.lua"),
-                    include_str!("../scripts/lock_all.lua")
+                    include_str!("../../scripts/prelude.lua"),
+                    include_str!("../../scripts/acquire.lua"),
+                    include_str!("../../scripts/lock_all.lua")
                 ),
             ),
-            rw_state: Script::new("rw_state", include_str!("../scripts/rw_state.lua")),
+            rw_state: Script::new("rw_state", include_str!("../../scripts/rw_state.lua")),
             rw_force_unlock: Script::new("rw_force_unlock", with_prelude!("rw_force_unlock.lua")),
             inspect_semaphore: Script::new(
                 "inspect_semaphore",
-                include_str!("../scripts/inspect_semaphore.lua"),
+                include_str!("../../scripts/inspect_semaphore.lua"),
             ),
         }
     }

@@ -8,10 +8,10 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::check_name;
-use crate::core::Core;
-use crate::keys::LatchKeys;
-use crate::node::Node;
-use crate::scripts::scripts;
+use crate::engine::core::Core;
+use crate::redis::keys::LatchKeys;
+use crate::redis::node::Node;
+use crate::redis::scripts::scripts;
 use crate::Error;
 
 /// A countdown latch shared through Redis: one side [`set_count`](CountDownLatch::set_count)s it,
@@ -152,7 +152,7 @@ impl CountDownLatch {
     ///
     /// As [`wait`](CountDownLatch::wait).
     pub async fn wait_for(&self, wait: Duration) -> Result<bool, Error> {
-        let until = crate::wait::deadline(wait)?;
+        let until = crate::engine::wait::deadline(wait)?;
         self.wait_until(Some(until)).await
     }
 

@@ -15,12 +15,12 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::LockConfig;
-use crate::deadline::Deadlines;
-use crate::handoff::Handoffs;
-use crate::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
-use crate::identity::Identity;
-use crate::keys::{Kind, LockKeys};
-use crate::quorum::{self, Masters, Round};
+use crate::engine::handoff::Handoffs;
+use crate::engine::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
+use crate::engine::quorum::{self, Masters, Round};
+use crate::redis::identity::Identity;
+use crate::redis::keys::{Kind, LockKeys};
+use crate::util::deadline::Deadlines;
 use crate::Error;
 
 /// The outcome of one attempt.
@@ -403,7 +403,7 @@ impl Core {
         Ask {
             target: 1,
             gen,
-            field: crate::keys::joined(&[owner, ":", crate::keys::decimal(gen, &mut [0; 20])]),
+            field: crate::redis::keys::joined(&[owner, ":", crate::redis::keys::decimal(gen, &mut [0; 20])]),
             lease,
         }
     }

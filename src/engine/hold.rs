@@ -23,8 +23,8 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::keys::{Kind, LockKeys};
-use crate::telemetry::{self, End, Label};
+use crate::redis::keys::{Kind, LockKeys};
+use crate::util::telemetry::{self, End, Label};
 
 /// How a hold keeps its lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -308,11 +308,7 @@ impl Holds {
                         lost_at: None,
                         pending: false,
                     }),
-                    label: telemetry::label(
-                        telemetry::Prim::of(&keys.kind),
-                        &keys.name,
-                        self.names_in_metrics,
-                    ),
+                    label: telemetry::label(keys.kind.prim(), &keys.name, self.names_in_metrics),
                     counted: !matches!(keys.kind, Kind::Mark(_) | Kind::Waiter(_)),
                 })
             })
@@ -387,7 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_late_release_of_an_ended_mark_keeps_the_active_one() {
         let holds = Holds::new(false);
-        let rw = Arc::new(crate::keys::RwKeys::new("relock", "marks"));
+        let rw = Arc::new(crate::redis::keys::RwKeys::new("relock", "marks"));
         let owner = Str::from("owner-id");
         let (mark, _ops) = holds.lock_hold(&Arc::new(rw.mark()), &owner).await;
         let plain = Arc::new(LockKeys::new("relock", "plain"));

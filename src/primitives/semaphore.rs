@@ -8,13 +8,13 @@ use std::time::Duration;
 use fred::types::Value;
 
 use crate::config::check_name;
-use crate::core::Core;
-use crate::guard::LockGuard;
-use crate::keys::SemaphoreKeys;
-use crate::owner::Owner;
-use crate::permits::PermitAttempt;
-use crate::scripts::scripts;
-use crate::wait::{Retries, Wait};
+use crate::engine::core::Core;
+use crate::engine::permits::PermitAttempt;
+use crate::engine::wait::{Retries, Wait};
+use crate::primitives::guard::LockGuard;
+use crate::primitives::owner::Owner;
+use crate::redis::keys::SemaphoreKeys;
+use crate::redis::scripts::scripts;
 use crate::Error;
 
 /// A semaphore of `permits` permits shared through Redis: made by
@@ -141,7 +141,7 @@ impl Semaphore {
 
     /// An acquisition, counted in the figures (`kind="semaphore"`, see `telemetry.rs`).
     async fn acquire_with(&self, n: u64, wait: Wait) -> Result<Option<Permit>, Error> {
-        use crate::telemetry::{self, AcquireReport, Outcome, Prim};
+        use crate::util::telemetry::{self, AcquireReport, Outcome, Prim};
         let label = telemetry::label(
             Prim::Semaphore,
             &self.keys.name,
@@ -157,14 +157,14 @@ impl Semaphore {
         &self,
         n: u64,
         wait: Wait,
-        report: &crate::telemetry::AcquireReport,
+        report: &crate::util::telemetry::AcquireReport,
     ) -> Result<Option<Permit>, Error> {
         self.check(n)?;
         // A holder of its own per acquisition: permits are not reentrant.
         let holder = Owner::new().id_for(&self.core.id);
         let until = wait.until();
         let node = &self.core.masters.nodes[0];
-        let mut subscription: Option<crate::waiters::Subscription> = None;
+        let mut subscription: Option<crate::redis::waiters::Subscription> = None;
         let mut armed = None;
         let mut answered = false;
         let mut retries = Retries::new();
@@ -218,7 +218,7 @@ impl Semaphore {
                 return Ok(None);
             }
             if waiting.is_none() {
-                waiting = Some(crate::telemetry::Waiting::start(report.label()));
+                waiting = Some(crate::util::telemetry::Waiting::start(report.label()));
             }
             if subscription.is_none() {
                 let (sub, wake, confirmed) = node.waiters.subscribe(&self.keys.channel, None);

@@ -4,6 +4,8 @@ use fred::bytes_utils::Str;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::util::telemetry;
+
 /// The key of the lock hash, of its fence counter and the release channel.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
@@ -42,6 +44,19 @@ pub(crate) enum Kind {
     /// A fair lock's waiter (`lock` is its waiter key, the field the owner id): its place in the
     /// queue lives while the watchdog renews it, and is given up when the waiter stops.
     Waiter(Arc<FairKeys>),
+}
+
+impl Kind {
+    /// The primitive, for its figures, whose hold these keys are (a waiter's mark counts as its lock's).
+    pub(crate) fn prim(&self) -> telemetry::Prim {
+        match self {
+            Kind::Plain => telemetry::Prim::Lock,
+            Kind::Fair { .. } | Kind::Waiter(_) => telemetry::Prim::Fair,
+            Kind::Read(_) => telemetry::Prim::Read,
+            Kind::Write { .. } | Kind::Mark(_) => telemetry::Prim::Write,
+            Kind::Permit => telemetry::Prim::Semaphore,
+        }
+    }
 }
 
 /// The Redis names of one fair lock (see `scripts/fair_acquire.lua`). All share the hash tag `{name}`.

@@ -11,7 +11,25 @@
 use fred::bytes_utils::Str;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::inspect::ClientInfo;
+/// A [`LockClient`](crate::LockClient) as it describes itself in Redis while it holds anything (see
+/// [`LockConfig::client_name`](crate::LockConfig::client_name)): the program, host and process
+/// behind a [`Holder`](crate::Holder)'s `client_id`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
+#[non_exhaustive]
+pub struct ClientInfo {
+    /// Its name, which its connections also carry (`CLIENT LIST`): by default the program's name
+    /// and process id, as `inventory-4242`.
+    pub name: String,
+    /// The host it runs on.
+    pub host: String,
+    /// Its process id.
+    pub pid: u32,
+    /// When it started, in milliseconds since the Unix epoch by its host's clock.
+    pub started_unix_ms: u64,
+    /// The relock version it runs.
+    pub version: String,
+}
 
 /// The first line of a record: its format.
 const FORMAT: &str = "relock-client/1";

@@ -9,11 +9,11 @@ use std::time::Duration;
 use fred::types::Value;
 use tokio::time::Instant;
 
-use crate::core::{Core, UndoOnDrop};
-use crate::hold::{next_generation, Grant};
-use crate::keys::{LockKeys, SemaphoreKeys};
-use crate::quorum;
-use crate::scripts::scripts;
+use crate::engine::core::{Core, UndoOnDrop};
+use crate::engine::hold::{next_generation, Grant};
+use crate::engine::quorum;
+use crate::redis::keys::{LockKeys, SemaphoreKeys};
+use crate::redis::scripts::scripts;
 use crate::Error;
 
 /// The outcome of one attempt at permits.

@@ -10,15 +10,15 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use crate::config::{check_lease, check_name};
-use crate::core::{Attempt, Core};
-use crate::guard::LockGuard;
-use crate::hold::LeaseMode;
-use crate::keys::{FairKeys, Kind, LockKeys};
-use crate::owner::Owner;
-use crate::quorum::jitter;
-use crate::telemetry::{self, AcquireReport, Outcome, Waiting};
-use crate::wait::{Retries, Wait};
-use crate::waiters::{Armed, Subscription};
+use crate::engine::core::{Attempt, Core};
+use crate::engine::hold::LeaseMode;
+use crate::engine::quorum::jitter;
+use crate::engine::wait::{Retries, Wait};
+use crate::primitives::guard::LockGuard;
+use crate::primitives::owner::Owner;
+use crate::redis::keys::{FairKeys, Kind, LockKeys};
+use crate::redis::waiters::{Armed, Subscription};
+use crate::util::telemetry::{self, AcquireReport, Outcome, Waiting};
 use crate::Error;
 
 /// A named lock: cheap to create and to clone, no I/O until it is used.
@@ -301,7 +301,7 @@ impl Lock {
             token = Empty,
             outcome = Empty,
         );
-        let kind = telemetry::Prim::of(&self.keys.kind);
+        let kind = self.keys.kind.prim();
         let label = telemetry::label(kind, &self.name, self.core.config.get_metrics_lock_names());
         let report = AcquireReport::start(label, span.clone());
         let result = self.attempts(wait, &report).instrument(span).await;

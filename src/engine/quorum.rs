@@ -26,9 +26,9 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use crate::config::QuorumConfig;
-use crate::few::Few;
-use crate::keys::LockKeys;
-use crate::node::{Node, Released, Vote};
+use crate::redis::keys::LockKeys;
+use crate::redis::node::{Node, Released, Vote};
+use crate::util::few::Few;
 use crate::Error;
 
 /// The masters a client votes over: one for a [`LockClient`](crate::LockClient) (a server, a

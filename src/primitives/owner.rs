@@ -134,7 +134,7 @@ std::thread_local! {
 /// `client` (its simple form), `:` and `rest`.
 fn client_id(client: &Uuid, rest: &str) -> Str {
     let mut simple = [0u8; uuid::fmt::Simple::LENGTH];
-    crate::keys::joined(&[client.simple().encode_lower(&mut simple), ":", rest])
+    crate::redis::keys::joined(&[client.simple().encode_lower(&mut simple), ":", rest])
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::core::Core;
-use crate::hold::{next_generation, Grant};
-use crate::keys::LockKeys;
+use crate::engine::core::Core;
+use crate::engine::hold::{next_generation, Grant};
+use crate::redis::keys::LockKeys;
 use crate::Error;
 
 impl Core {

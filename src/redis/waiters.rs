@@ -35,8 +35,8 @@ use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::link::NodeClient;
-use crate::topology::Kind;
+use crate::redis::link::NodeClient;
+use crate::redis::topology::Kind;
 
 /// How often a cluster's slot map is re-read while anyone waits on it.
 pub(crate) const CLUSTER_SCAN: Duration = Duration::from_secs(1);
@@ -154,7 +154,7 @@ impl Waiters {
     /// shows in any case whether the connection is in subscribed mode (`["pong", ""]`) or not
     /// (`PONG`). Over RESP3 (a fred client so configured) only the first way tells.
     pub(crate) async fn check(&self, channel: &str) -> Result<(), fred::error::Error> {
-        crate::topology::connected(&self.subscriber).await?;
+        crate::redis::topology::connected(&self.subscriber).await?;
         if self.link.topology.sharded() {
             // fred awaits the reply of SSUBSCRIBE: a refusal comes back here.
             self.subscriber.ssubscribe(channel).await?;
@@ -407,7 +407,7 @@ async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
             }
         }
     }
-    crate::link::quit(&subscriber).await;
+    crate::redis::link::quit(&subscriber).await;
     connection.abort();
 }
 
@@ -442,7 +442,7 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
                 unsent += 1; // a subscription that failed: try again
                 continue;
             }
-            let owner = crate::topology::slot_owner(subscriber, link.topology.slot(channel));
+            let owner = crate::redis::topology::slot_owner(subscriber, link.topology.slot(channel));
             if bumped || owner != entry.owner {
                 entry.sent = false;
                 entry.confirmed = false;
@@ -572,7 +572,7 @@ async fn sync_sharded(
     }
     for group in link.topology.by_slot(subscribe, |c| c) {
         let slot = link.topology.slot(&group[0]);
-        let owner = crate::topology::slot_owner(subscriber, slot);
+        let owner = crate::redis::topology::slot_owner(subscriber, slot);
         let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
         if let Err(err) = &result {
             tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");

@@ -32,10 +32,10 @@ use fred::types::{Key, Value};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::few::Few;
-use crate::keys::{Kind, LockKeys};
-use crate::link::NodeClient;
-use crate::scripts::{scripts, Script};
+use crate::redis::keys::{Kind, LockKeys};
+use crate::redis::link::NodeClient;
+use crate::redis::scripts::{scripts, Script};
+use crate::util::few::Few;
 use crate::Error;
 
 /// The most operations in one call: bounds the time one call blocks the server.
@@ -428,7 +428,7 @@ fn alone(
     op: Op,
     slot: Option<Slot>,
 ) -> impl Future<Output = Result<Ints, Error>> + Send + '_ {
-    crate::telemetry::batch(1);
+    crate::util::telemetry::batch(1);
     match op.into_lone_release() {
         Ok((lock, owner, channel)) => Either::Left(async move {
             let _slot = slot;
@@ -475,7 +475,7 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
     }
     let mut groups = link.topology.by_slot(batch, |(op, _)| op.lock());
     for group in &groups {
-        crate::telemetry::batch(group.len());
+        crate::util::telemetry::batch(group.len());
     }
     let publish = link.topology.publish();
     let calls: Vec<Call> = groups
@@ -502,8 +502,8 @@ async fn round(link: Arc<NodeClient>, mut batch: Vec<(Op, Reply)>) {
 /// and its subscribers' count is unknown if the message fails).
 async fn release_alone(link: &NodeClient, lock: Str, owner: Str, channel: Str) -> Result<Ints, Error> {
     use fred::interfaces::{HashesInterface, PubsubInterface};
-    let mark = crate::keys::joined(&[&owner, "~"]);
-    crate::telemetry::redis_call("release");
+    let mark = crate::redis::keys::joined(&[&owner, "~"]);
+    crate::util::telemetry::redis_call("release");
     let removed: i64 = link
         .batch
         .hdel(Key::from(&lock), vec![Key::from(owner), Key::from(mark)])
@@ -514,7 +514,7 @@ async fn release_alone(link: &NodeClient, lock: Str, owner: Str, channel: Str) -
         1 => return Ok([2, 0].into_iter().collect()),
         _ => {}
     }
-    crate::telemetry::redis_call("release");
+    crate::util::telemetry::redis_call("release");
     let heard: Result<i64, _> = if link.topology.sharded() {
         link.batch.spublish(channel, "1").await
     } else {
@@ -559,7 +559,7 @@ impl Op {
 struct Call {
     keys: Vec<Key>,
     args: Vec<Value>,
-    /// Every operation is a plain lock's: the lighter [`BATCH_PLAIN`](crate::scripts::BATCH_PLAIN)
+    /// Every operation is a plain lock's: the lighter [`BATCH_PLAIN`](crate::redis::scripts::BATCH_PLAIN)
     /// runs them.
     plain: bool,
 }
@@ -877,7 +877,7 @@ fn is_lock_channel(lock: &str, channel: &str) -> bool {
 async fn answer(
     link: &NodeClient,
     mut batch: Vec<(Op, Reply)>,
-    result: Result<crate::link::Reply<Vec<Value>>, fred::error::Error>,
+    result: Result<crate::redis::link::Reply<Vec<Value>>, fred::error::Error>,
 ) {
     let result = result.map(|reply| (split(&reply.value, &batch), reply.acked));
     match result {

@@ -53,10 +53,10 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch, Notify};
 use tokio::time::Instant;
 
-use crate::batch::Granted;
-use crate::core::{Core, UndoOnDrop};
-use crate::hold::{Grant, Hold, Job, LeaseMode};
-use crate::keys::{Kind, LockKeys};
+use crate::engine::core::{Core, UndoOnDrop};
+use crate::engine::hold::{Grant, Hold, Job, LeaseMode};
+use crate::redis::batch::Granted;
+use crate::redis::keys::{Kind, LockKeys};
 use crate::Error;
 
 /// How many round trips of the release that ended a streak this client's attempts hold back (see
@@ -1073,7 +1073,7 @@ impl Drop for Pending<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::hold::Holds;
+    use crate::engine::hold::Holds;
 
     /// A release or record of handoffs not recorded yet takes them from the queue before its call
     /// is sent. Until that call is done, Redis still holds the lock by the recorded hold's field,

@@ -3,24 +3,24 @@
 use std::sync::Arc;
 
 use crate::config::{LockConfig, QuorumConfig};
-use crate::core::Core;
-use crate::latch::CountDownLatch;
-use crate::link::SyncReplicas;
-use crate::lock::Lock;
-use crate::lock_set::LockSet;
-use crate::node::Node;
-use crate::quorum::Masters;
-use crate::semaphore::Semaphore;
+use crate::engine::core::Core;
+use crate::engine::quorum::Masters;
+use crate::primitives::latch::CountDownLatch;
+use crate::primitives::lock::Lock;
+use crate::primitives::lock_set::LockSet;
+use crate::primitives::semaphore::Semaphore;
+use crate::redis::link::SyncReplicas;
+use crate::redis::node::Node;
 use crate::Error;
 
 /// Builds a client's core and starts its two background tasks, the watchdog and the releaser
 /// (see the crate's architecture notes). Must run inside a tokio runtime.
 pub(crate) fn start_core(masters: Masters, config: LockConfig, owns_clients: bool) -> Arc<Core> {
     let (jobs, rx) = tokio::sync::mpsc::unbounded_channel();
-    crate::telemetry::register();
+    crate::util::telemetry::register();
     let core = Arc::new(Core::new(masters, config, owns_clients, jobs));
-    tokio::spawn(crate::watchdog::run(Arc::downgrade(&core)));
-    tokio::spawn(crate::releaser::run(rx));
+    tokio::spawn(crate::engine::watchdog::run(Arc::downgrade(&core)));
+    tokio::spawn(crate::engine::releaser::run(rx));
     core
 }
 

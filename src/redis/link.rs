@@ -13,9 +13,9 @@ use fred::interfaces::ClientLike;
 use fred::types::config::{Options, Server};
 use fred::types::{ClusterHash, Key, Value};
 
-use crate::deadline::Deadlines;
-use crate::scripts::{self, library, Script};
-use crate::topology::{self, Topology};
+use crate::redis::scripts::{self, library, Script};
+use crate::redis::topology::{self, Topology};
+use crate::util::deadline::Deadlines;
 use crate::Error;
 
 /// What replicas must confirm before a write counts (`LockConfig::sync_replicas`).
@@ -57,7 +57,7 @@ pub(crate) struct NodeClient {
     /// timeout that leaves room for the wait.
     pub(crate) sync: Option<(WithOptions<Client>, SyncReplicas)>,
     /// The batch scripts run as relock's library's function (`FCALL`, see
-    /// [`Library`](crate::scripts::Library)): set when the node connects and every primary took the
+    /// [`Library`](crate::redis::scripts::Library)): set when the node connects and every primary took the
     /// library; cleared for good when a server refuses the function or a reload of the library, or
     /// refuses the function out of memory.
     pub(crate) functions: AtomicBool,

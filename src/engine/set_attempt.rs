@@ -9,12 +9,12 @@ use std::time::Duration;
 use fred::types::Value;
 use tokio::time::Instant;
 
-use crate::core::{Ask, Core, UndoOnDrop};
-use crate::hold::{Grant, LeaseMode};
-use crate::keys::LockKeys;
-use crate::quorum;
-use crate::scripts::scripts;
-use crate::topology::Kind;
+use crate::engine::core::{Ask, Core, UndoOnDrop};
+use crate::engine::hold::{Grant, LeaseMode};
+use crate::engine::quorum;
+use crate::redis::keys::LockKeys;
+use crate::redis::scripts::scripts;
+use crate::redis::topology::Kind;
 use crate::Error;
 
 /// The outcome of one attempt at a set.
@@ -90,7 +90,7 @@ impl Core {
                 .within(Some(bound), call)
                 .await
                 .unwrap_or_else(|| Err(Error::Timeout(bound - start)));
-            let retire = |holds: &[(Arc<crate::hold::Hold>, _)]| {
+            let retire = |holds: &[(Arc<crate::engine::hold::Hold>, _)]| {
                 for (hold, _) in holds {
                     self.holds.retire_if_idle(hold);
                 }

@@ -3,9 +3,9 @@
 use fred::bytes_utils::Str;
 use std::sync::Arc;
 
-use crate::core::Core;
-use crate::keys::RwKeys;
-use crate::lock::Lock;
+use crate::engine::core::Core;
+use crate::primitives::lock::Lock;
+use crate::redis::keys::RwKeys;
 use crate::Error;
 
 /// A named read-write lock: many readers or one writer. Cheap to create and to clone, no I/O until

@@ -120,7 +120,7 @@ impl Retries {
                 if matches!(wait, Wait::Forever) && now.duration_since(since) >= patience {
                     return Err(err);
                 }
-                let at = now + crate::quorum::jitter(self.pause);
+                let at = now + crate::engine::quorum::jitter(self.pause);
                 self.pause = (self.pause * 2).min(LONGEST_PAUSE);
                 // The last try of a wait without a bound comes at the end of its patience, not
                 // a pause after it: `acquire` fails within patience and two attempts' bounds.
@@ -157,7 +157,7 @@ impl Retries {
         wait: &Wait,
         err: Error,
         patience: Duration,
-        core: &crate::core::Core,
+        core: &crate::engine::core::Core,
     ) -> Result<(), Error> {
         let at = self.after(wait, err, patience)?;
         tokio::time::sleep_until(at).await;

@@ -8,9 +8,9 @@ use std::time::Duration;
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
-use crate::core::{Core, UndoOnDrop};
-use crate::hold::{Grant, Hold, Job};
-use crate::releaser::release_now;
+use crate::engine::core::{Core, UndoOnDrop};
+use crate::engine::hold::{Grant, Hold, Job};
+use crate::engine::releaser::release_now;
 use crate::Error;
 
 /// Proof that a lock is held: returned by [`Lock::acquire`](crate::Lock::acquire) and its siblings.
