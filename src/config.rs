@@ -211,7 +211,7 @@ impl LockConfig {
 
     /// Whether a lock's acquisition by the owner that holds it already joins its hold (true, the
     /// default: Redisson's model, so a call chain can take the lock again deeper down), or fails at
-    /// once with [`Error::AlreadyHeld`](crate::Error::AlreadyHeld) and sends nothing (false). A
+    /// once with [`Error::AlreadyHeld`] and sends nothing (false). A
     /// lock can say otherwise for itself ([`Lock::reentrant`](crate::Lock::reentrant)).
     ///
     /// Owners are tasks by default, so futures joined or selected inside one task (`join!`,

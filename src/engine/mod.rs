@@ -5,7 +5,7 @@
 //! May use: `redis`, `util` and the shared vocabulary.
 
 pub(crate) mod core;
-pub(crate) mod handoff;
+pub(crate) mod handoffs;
 pub(crate) mod hold;
 pub(crate) mod marks;
 pub(crate) mod permits;

@@ -151,7 +151,7 @@ impl LockSet {
         Ok(Some(LockSetGuard { guards }))
     }
 
-    /// Whether the set is taken in one script call (see [`Core::atomic_sets`]): one server.
+    /// Whether the set is taken in one script call (see [`Core::atomic_sets`](crate::engine::core::Core::atomic_sets)): one server.
     fn atomic(&self) -> bool {
         self.locks[0].core().atomic_sets()
     }

@@ -15,13 +15,15 @@ use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::config::LockConfig;
-use crate::engine::handoff::Handoffs;
+use crate::engine::handoffs::Handoffs;
 use crate::engine::hold::{next_generation, Grant, Hold, Holds, Job, LeaseMode, Resync};
 use crate::engine::quorum::{self, Masters, Round};
 use crate::redis::identity::Identity;
 use crate::redis::keys::{Kind, LockKeys};
 use crate::util::deadline::Deadlines;
 use crate::Error;
+
+mod handoff;
 
 /// The outcome of one attempt.
 pub(crate) enum Attempt {
@@ -197,7 +199,7 @@ impl Core {
                 return Ok((hold, ops));
             }
             drop(ops);
-            self.handoffs.settle(self, keys).await;
+            self.settle_handoffs(keys).await;
         }
     }
 
