@@ -217,7 +217,9 @@ async fn a_fixed_lease_expires_and_a_stale_release_changes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn foreign_release_is_not_held() {
     let server = RedisServer::start();
-    let a = client(&server).await;
+    // The default renewal interval (10 s): no watchdog round finds the hold gone before the
+    // release does (it would end the guard as lost, and the release would say so instead).
+    let a = LockClient::connect(&server.url()).await.expect("connect");
     let name = unique_name("foreign");
     let guard = a.lock(&name).acquire().await.unwrap();
     // Force-unlocked by an admin, then taken by someone else.

@@ -51,7 +51,7 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{Core, UndoOnDrop};
+use super::{Ask, Core, UndoOnDrop};
 use crate::engine::handoffs::{Candidate, Recorded, Settling, Taker, Via, UNRECORDED_MAX};
 use crate::engine::hold::{Grant, Hold, Job, LeaseMode};
 use crate::redis::batch::Granted;
@@ -201,7 +201,6 @@ impl Core {
         field: &Str,
         taker: Taker,
     ) -> Option<Result<(), Error>> {
-        let keys = &hold.keys;
         let Taker {
             candidate,
             hold: to,
@@ -211,103 +210,149 @@ impl Core {
         let ask = self.ask(&to, &candidate.owner, mode);
         let start = Instant::now();
         let lease_end = start + ask.lease.saturating_sub(self.masters.config.drift(ask.lease));
-        let mut via = self.handoffs.via(&keys.lock, hold, gen);
-        if let Some((token, until)) = via
+        let handing = Handing {
+            from: hold,
+            gen,
+            field,
+            to,
+            candidate,
+            to_ops,
+            mode,
+            ask,
+            start,
+            lease_end,
+        };
+        let lock = &hold.keys.lock;
+        let mut via = self.handoffs.via(lock, hold, gen);
+        if let Some(grant) = via
             .as_ref()
             .and_then(|via| self.unrecorded_grant(hold, gen, via, start))
         {
-            let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) else {
-                // Shut down meanwhile.
-                self.holds.retire_if_idle(&to);
-                return None;
-            };
-            let since = via.and_then(|via| via.owed_since);
-            if self
-                .handoffs
-                .owe(&keys.lock, &to, ask.gen, since.unwrap_or(start))
-            {
-                let at = start + UNRECORDED_MAX;
-                self.enqueue(Job::Record {
-                    keys: keys.clone(),
-                    at: Some(at),
-                });
-            }
-            if since.is_some() {
-                // Never recorded in Redis: nothing of it is left there.
-                settle_released(hold, gen);
-            }
-            self.deliver(hold, &to, candidate, grant);
-            // The waiter runs first, on this worker (see `record`).
-            tokio::task::yield_now().await;
-            return Some(Ok(()));
+            return self.hand_over_unrecorded(handing, via, grant).await;
         }
         let mut owed = via.as_ref().is_some_and(|via| via.owed_since.is_some());
         let mut early = self.early_grant(hold, gen, start, owed);
         if owed && early.is_none() {
             // Recorded first, then handed over from its own field.
             self.record_owed(hold).await;
-            via = self.handoffs.via(&keys.lock, hold, gen);
+            via = self.handoffs.via(lock, hold, gen);
             owed = false;
             early = self.early_grant(hold, gen, start, false);
         }
-        if let Some((token, until)) = early {
-            let Some(grant) = self.record_grant(&to, &ask, token, until.min(lease_end), mode, true) else {
-                // Shut down meanwhile.
-                self.holds.retire_if_idle(&to);
-                return None;
-            };
-            // Kept until the call is done.
-            let (from, _settling) = match owed.then(|| self.handoffs.take_owed(&keys.lock, hold, gen)) {
-                Some(Some((recorded, settling))) => (Some(recorded), Some(settling)),
-                Some(None) => (None, None),
-                None => (via.map(|via| via.recorded), None),
-            };
-            let from = from.unwrap_or_else(|| Recorded {
-                hold: hold.clone(),
-                gen,
-                field: field.clone(),
-                ceiling: None,
-            });
-            self.deliver(hold, &to, candidate, grant);
-            let recorded = self.record(from, &to, true).await;
-            self.note_call(start);
-            // The waiter's operations wait for the call's answer (see `early_grant`).
-            drop(to_ops);
-            return match recorded {
-                Ok(true) => {
-                    settle_released(hold, gen);
-                    Some(Ok(()))
-                }
-                // Not handed: the waiter lost its grant, and the caller releases this hold as
-                // usual.
-                Ok(false) => {
-                    self.holds.retire_if_idle(&to);
-                    None
-                }
-                Err(err) => {
-                    self.holds.retire_if_idle(&to);
-                    Some(Err(err))
-                }
-            };
+        match early {
+            Some(grant) => self.hand_over_early(handing, via, owed, grant).await,
+            None => self.hand_over_by_call(handing).await,
         }
+    }
+
+    /// Hands the lock on with a token of the last record's reserve, and no call: Redis goes on
+    /// holding it for the recorded hold (see the module doc).
+    async fn hand_over_unrecorded(
+        self: &Arc<Self>,
+        h: Handing<'_>,
+        via: Option<Via>,
+        (token, until): (u64, Instant),
+    ) -> Option<Result<(), Error>> {
+        let keys = &h.from.keys;
+        let Some(grant) = self.record_grant(&h.to, &h.ask, token, until.min(h.lease_end), h.mode, true)
+        else {
+            // Shut down meanwhile.
+            self.holds.retire_if_idle(&h.to);
+            return None;
+        };
+        let since = via.and_then(|via| via.owed_since);
+        if self
+            .handoffs
+            .owe(&keys.lock, &h.to, h.ask.gen, since.unwrap_or(h.start))
+        {
+            let at = h.start + UNRECORDED_MAX;
+            self.enqueue(Job::Record {
+                keys: keys.clone(),
+                at: Some(at),
+            });
+        }
+        if since.is_some() {
+            // Never recorded in Redis: nothing of it is left there.
+            settle_released(h.from, h.gen);
+        }
+        self.deliver(h.from, &h.to, h.candidate, grant);
+        // The waiter runs first, on this worker (see `record`).
+        tokio::task::yield_now().await;
+        drop(h.to_ops);
+        Some(Ok(()))
+    }
+
+    /// Grants the waiter before Redis answers, then records the handoff (see
+    /// [`early_grant`](Core::early_grant)).
+    async fn hand_over_early(
+        self: &Arc<Self>,
+        h: Handing<'_>,
+        via: Option<Via>,
+        owed: bool,
+        (token, until): (u64, Instant),
+    ) -> Option<Result<(), Error>> {
+        let (hold, gen) = (h.from, h.gen);
+        let Some(grant) = self.record_grant(&h.to, &h.ask, token, until.min(h.lease_end), h.mode, true)
+        else {
+            // Shut down meanwhile.
+            self.holds.retire_if_idle(&h.to);
+            return None;
+        };
+        // Kept until the call is done.
+        let (from, _settling) = match owed.then(|| self.handoffs.take_owed(&hold.keys.lock, hold, gen)) {
+            Some(Some((recorded, settling))) => (Some(recorded), Some(settling)),
+            Some(None) => (None, None),
+            None => (via.map(|via| via.recorded), None),
+        };
+        let from = from.unwrap_or_else(|| Recorded {
+            hold: hold.clone(),
+            gen,
+            field: h.field.clone(),
+            ceiling: None,
+        });
+        self.deliver(hold, &h.to, h.candidate, grant);
+        let recorded = self.record(from, &h.to, true).await;
+        self.note_call(h.start);
+        // The waiter's operations wait for the call's answer (see `early_grant`).
+        drop(h.to_ops);
+        match recorded {
+            Ok(true) => {
+                settle_released(hold, gen);
+                Some(Ok(()))
+            }
+            // Not handed: the waiter lost its grant, and the caller releases this hold as usual.
+            Ok(false) => {
+                self.holds.retire_if_idle(&h.to);
+                None
+            }
+            Err(err) => {
+                self.holds.retire_if_idle(&h.to);
+                Some(Err(err))
+            }
+        }
+    }
+
+    /// Moves the hold in one call (`scripts/transfer.lua`), and grants the waiter once it answers.
+    async fn hand_over_by_call(self: &Arc<Self>, h: Handing<'_>) -> Option<Result<(), Error>> {
+        let (hold, gen, keys, to, ask) = (h.from, h.gen, &h.from.keys, &h.to, &h.ask);
         let mut undo_from = UndoOnDrop {
             core: self,
-            resync: Some(hold.resync(field, gen)),
+            resync: Some(hold.resync(h.field, gen)),
         };
         let mut undo_to = UndoOnDrop {
             core: self,
             resync: Some(to.resync(&ask.field, ask.gen)),
         };
         let handed = self.masters.nodes[0]
-            .transfer(keys, field, &ask.field, ask.lease, None)
+            .transfer(keys, h.field, &ask.field, ask.lease, None)
             .await;
-        self.note_call(start);
+        self.note_call(h.start);
         let handed = match handed {
             Ok(handed) => handed,
             Err(err) => {
                 // Unknown: both are brought in line once the server answers (the undos); the
                 // waiter tries itself (its sender dropped).
-                self.holds.retire_if_idle(&to);
+                self.holds.retire_if_idle(to);
                 return Some(Err(err));
             }
         };
@@ -323,14 +368,14 @@ impl Core {
         }
         match handed
             .token
-            .map(|token| self.record_grant(&to, &ask, token, lease_end, mode, false))
+            .map(|token| self.record_grant(to, ask, token, h.lease_end, h.mode, false))
         {
             Some(Some(grant)) => {
                 // The waiter's hold stays taken until the grant reached the waiter or was given
                 // back: a waiter that left (woken otherwise) and tries itself must not find the
                 // grant's count and re-enter a hold that is about to be given back.
-                self.deliver(hold, &to, candidate, grant);
-                drop(to_ops);
+                self.deliver(hold, to, h.candidate, grant);
+                drop(h.to_ops);
             }
             Some(None) => {
                 // Shut down meanwhile: the new hold is removed in the background.
@@ -338,9 +383,12 @@ impl Core {
                     resync: to.resync(&ask.field, ask.gen),
                     on: vec![0],
                 });
-                drop(to_ops);
+                drop(h.to_ops);
             }
-            None => self.holds.retire_if_idle(&to),
+            None => {
+                self.holds.retire_if_idle(to);
+                drop(h.to_ops);
+            }
         }
         Some(if handed.released {
             Ok(())
@@ -564,6 +612,22 @@ impl Core {
             self.give_back(grant);
         }
     }
+}
+
+/// A handoff on its way: the releasing hold's generation and field, and the waiter it goes to.
+struct Handing<'a> {
+    from: &'a Arc<Hold>,
+    gen: u64,
+    field: &'a Str,
+    to: Arc<Hold>,
+    candidate: Candidate,
+    /// The waiter's hold's operations, taken until the handoff is settled for it.
+    to_ops: tokio::sync::OwnedMutexGuard<()>,
+    mode: LeaseMode,
+    ask: Ask,
+    start: Instant,
+    /// When the waiter's lease ends at the latest, on this client's clock.
+    lease_end: Instant,
 }
 
 /// Generation `gen` of `hold` released the lock by a handoff that Redis recorded, or that it will

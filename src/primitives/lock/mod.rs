@@ -1,7 +1,6 @@
 //! `Lock`: the user's handle on one named lock, and the waiting loop.
 
 use fred::bytes_utils::Str;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,16 +9,18 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use crate::config::{check_lease, check_name};
-use crate::engine::core::{Attempt, Core};
+use crate::engine::core::Core;
 use crate::engine::hold::LeaseMode;
-use crate::engine::quorum::jitter;
-use crate::engine::wait::{Retries, Wait};
+use crate::engine::wait::Wait;
 use crate::primitives::guard::LockGuard;
 use crate::primitives::owner::Owner;
-use crate::redis::keys::{FairKeys, Kind, LockKeys};
-use crate::redis::waiters::{Armed, Subscription};
-use crate::util::telemetry::{self, AcquireReport, Outcome, Waiting};
+use crate::redis::keys::{FairKeys, LockKeys};
+use crate::util::telemetry::{self, AcquireReport, Outcome};
 use crate::Error;
+
+mod acquire;
+
+use acquire::Acquisition;
 
 /// A named lock: cheap to create and to clone, no I/O until it is used.
 ///
@@ -304,7 +305,8 @@ impl Lock {
         let kind = self.keys.kind.prim();
         let label = telemetry::label(kind, &self.name, self.core.config.get_metrics_lock_names());
         let report = AcquireReport::start(label, span.clone());
-        let result = self.attempts(wait, &report).instrument(span).await;
+        let attempts = async { Acquisition::new(self, wait, &report)?.run().await };
+        let result = attempts.instrument(span).await;
         let token = result
             .as_ref()
             .ok()
@@ -312,227 +314,6 @@ impl Lock {
             .and_then(LockGuard::drawn_token);
         report.finish(Outcome::of(&result), token);
         result
-    }
-
-    async fn attempts(&self, wait: Wait, report: &AcquireReport) -> Result<Option<LockGuard>, Error> {
-        check_name(&self.name)?;
-        let mode = match self.lease {
-            Some(lease) => {
-                check_lease("lease", lease)?;
-                LeaseMode::Fixed(lease)
-            }
-            None => LeaseMode::Watchdog,
-        };
-        let owner = self.owner_id();
-        tracing::Span::current().record("owner", &*owner);
-        // A waiter's mark lives by the watchdog's heartbeat (see `marks.rs`), whatever the lease.
-        let mark_lease = self.core.config.get_watchdog_timeout();
-        let keys = match &self.keys.kind {
-            // Every reader's hold has a key (and a lease) of its own.
-            Kind::Read(rw) => Arc::new(rw.reader(&owner)),
-            // A writer that will wait holds back new readers from its first refusal on; a fair lock's
-            // waiter takes its place in the queue.
-            Kind::Write { rw, .. } if !matches!(wait, Wait::Once) => Arc::new(rw.write(Some(mark_lease))),
-            Kind::Fair { fair, .. } if !matches!(wait, Wait::Once) => Arc::new(fair.lock(Some(mark_lease))),
-            _ => self.keys.clone(),
-        };
-        // A fair lock's waiter is woken by name, when it is its turn.
-        let name = matches!(keys.kind, Kind::Fair { .. }).then_some(&owner);
-        // The waiter's mark (a waiting writer's record, a fair waiter's place), which a refused
-        // attempt leaves in Redis, kept alive while it waits (see `marks.rs`) and removed when this
-        // future ends. Taken before the first attempt, so that a future dropped while a refusal is
-        // on its way still removes what that refusal left.
-        let place = match &keys.kind {
-            Kind::Write { rw, mark: Some(_) } => Some(rw.mark()),
-            Kind::Fair {
-                fair,
-                enqueue: Some(_),
-            } => Some(fair.waiter(&owner)),
-            _ => None,
-        };
-        let mut mark: Option<LockGuard> = None;
-        if let Some(place) = &place {
-            match self.adopt_mark(place, &owner, wait.until()).await {
-                Ok(guard) => mark = Some(guard),
-                Err(Error::Timeout(_)) if wait.ran_out() => return wait.ran_out_result(false),
-                Err(err) => return Err(err),
-            }
-        }
-        // An `Upgrade` refusal is checked once against this client's own read hold (see below).
-        let mut upgrade_checked = false;
-        // Counted in `relock_waiters` from the first refusal on.
-        let mut waiting: Option<Waiting> = None;
-        // Subscribed lazily, on the first refusal, or now if others wait already (then a refusal
-        // needs no second attempt: no release is missed); dropped (unsubscribed) with this future.
-        let mut subscriptions: Vec<Subscription> = Vec::new();
-        if !matches!(wait, Wait::Once) {
-            let joined: Vec<Subscription> = self
-                .core
-                .masters
-                .nodes
-                .iter()
-                .map_while(|node| node.waiters.join_if_live(keys.wait_channel(), name))
-                .collect();
-            if joined.len() == self.core.masters.nodes.len() {
-                subscriptions = joined;
-            }
-        }
-        let handoff = self.core.hands_over(&keys);
-        let mut armed: Vec<Armed> = Vec::new();
-        // The release message this waiter was woken by, until an attempt used it.
-        let mut wake_up = WakeUp(None);
-        let mut refused = false;
-        let until = wait.until();
-        let mut retries = Retries::new();
-        // How long `acquire` rides through errors in a row: a lease.
-        let patience = self.lease.unwrap_or(self.core.config.get_watchdog_timeout());
-        loop {
-            if !subscriptions.is_empty() {
-                armed = subscriptions.iter().map(Subscription::armed).collect();
-            }
-            // Another owner of this client holds the lock (an attempt would be refused), or this
-            // client just ended a streak of handoffs (other clients' waiters go first): this waiter
-            // waits without an attempt, for its turn, a release, that lease's end or a signal that
-            // ends the wait (the holder's loss: the lock may be free long before its lease ran out,
-            // removed behind its back, and no release message says so). See `Handoffs::hold_back`.
-            let held_back = (handoff && !subscriptions.is_empty())
-                .then(|| {
-                    let woken = wake_up.0.is_some();
-                    self.core.handoffs.hold_back(&keys.lock, &owner, woken)
-                })
-                .flatten();
-            let (hold_back, mut hold_back_ends) = match held_back {
-                Some((deadline, ends)) => (Some(deadline), ends),
-                None => (None, None),
-            };
-            let attempt = match hold_back {
-                Some(deadline) => Ok(Attempt::Refused {
-                    ttl: Some(deadline.saturating_duration_since(Instant::now())),
-                    split: false,
-                }),
-                None => {
-                    let reentrant = self.reentrant.unwrap_or(self.core.config.get_reentrant());
-                    let attempt = self.core.attempt(&keys, &owner, mode, reentrant, until).await;
-                    if attempt.is_ok() {
-                        // The release message that woke this waiter, if one did, is used.
-                        wake_up.0 = None;
-                    }
-                    attempt
-                }
-            };
-            let (ttl, split) = match attempt {
-                Ok(Attempt::Granted(grant)) => {
-                    if handoff {
-                        self.core.handoffs.granted(&keys.lock, &grant.hold, grant.gen);
-                    }
-                    // The grant's script call removed the mark: its release has nothing to send. (On
-                    // a quorum, masters that refused keep theirs until that release.)
-                    if let Some(mark) = mark.take().filter(|_| self.core.masters.single()) {
-                        mark.removed_in_redis();
-                    }
-                    return Ok(Some(LockGuard::new(self.core.clone(), grant)));
-                }
-                Ok(Attempt::Refused { ttl, split }) => {
-                    refused = true;
-                    retries.answered();
-                    (ttl, split)
-                }
-                // The caller's wait ran out during an attempt (abandoned, undone in the background).
-                Err(Error::Timeout(_)) if wait.ran_out() => return retries.ran_out_result(&wait, refused),
-                // The owner's reader key was there: a read guard dropped just before may still
-                // have its release on the way. Once that is done, the refusal is tried again;
-                // only a read hold that is still active makes it an upgrade.
-                Err(Error::Upgrade(name)) if !upgrade_checked => {
-                    let Kind::Write { rw, .. } = &keys.kind else {
-                        return Err(Error::Upgrade(name));
-                    };
-                    upgrade_checked = true;
-                    let reader = Arc::new(rw.reader(&owner));
-                    let settled = self.core.holds.settled_active(&reader, &owner);
-                    match self.core.within(until, settled).await {
-                        Some(false) => continue,
-                        Some(true) => return Err(Error::Upgrade(name)),
-                        None => return retries.ran_out_result(&wait, refused),
-                    }
-                }
-                // Tried again after a pause if the error may go away, within the bound.
-                Err(err) => {
-                    retries.pause(&wait, err, patience, &self.core).await?;
-                    continue;
-                }
-            };
-            if wait.over() {
-                return Ok(None);
-            }
-            // The watchdog may have found the mark missing before this refusal set it: taken anew
-            // (a new generation; the old guard's drop then changes nothing).
-            if let (Some(place), false) = (&place, mark.as_ref().is_some_and(LockGuard::is_held)) {
-                match self.adopt_mark(place, &owner, wait.until()).await {
-                    Ok(guard) => mark = Some(guard),
-                    Err(Error::Timeout(_)) if wait.ran_out() => {
-                        return retries.ran_out_result(&wait, refused)
-                    }
-                    Err(err) => return Err(err),
-                }
-            }
-            if waiting.is_none() {
-                waiting = Some(Waiting::start(report.label()));
-            }
-            if subscriptions.is_empty() {
-                let mut confirmed = true;
-                for node in &self.core.masters.nodes {
-                    let (subscription, wake, ok) = node.waiters.subscribe(keys.wait_channel(), name);
-                    subscriptions.push(subscription);
-                    armed.push(wake);
-                    confirmed &= ok;
-                }
-                if confirmed {
-                    // A release may have come between the attempt and the subscription.
-                    continue;
-                }
-            }
-            // Woken by a release, or when the holder's lease would have run out, or (split vote)
-            // after a random delay; never later than the caller's bound.
-            let mut delay = ttl.unwrap_or(self.core.masters.config.retry_delay);
-            if split {
-                delay = delay.min(jitter(self.core.masters.config.retry_delay));
-            }
-            // On a quorum of masters, a waiter tries at most once per random delay: the release
-            // messages it is woken by come from the other waiters' undone grants as much as from a
-            // holder (a waiter refused by a majority grants itself the masters left free and gives
-            // them back, and that release wakes the next waiter), so woken by each at once, the
-            // waiters of a lock held on a bare majority would keep waking each other until it is
-            // released. A message that comes sooner is taken, and acted on at the delay's end.
-            let not_before = (!self.core.masters.single())
-                .then(|| Instant::now() + jitter(self.core.masters.config.retry_delay));
-            let wake_at = wait.wake_at(delay);
-            tracing::trace!(lock = %self.name, ?delay, "waiting for a release");
-            let released = futures::future::select_all(armed.drain(..));
-            // A release of another owner of this client may hand the lock over (see `handoff.rs`).
-            let mut ticket = handoff.then(|| self.core.enter_handoff(&keys, &owner, mode));
-            let handed = std::future::poll_fn(|cx| match &mut ticket {
-                Some(ticket) => std::pin::Pin::new(&mut ticket.grant).poll(cx).map(Result::ok),
-                None => std::task::Poll::Pending,
-            });
-            tokio::select! {
-                (_, node, _) = released => {
-                    wake_up.0 = Some(subscriptions[node].waker());
-                    if let Some(not_before) = not_before {
-                        tokio::time::sleep_until(wait.wake_at_instant(not_before)).await;
-                    }
-                }
-                () = tokio::time::sleep_until(wake_at) => {}
-                () = ended(&mut hold_back_ends) => {}
-                grant = handed => {
-                    if let Some(grant) = grant {
-                        // Not passed on: this waiter got the lock.
-                        wake_up.0 = None;
-                        return Ok(Some(LockGuard::new(self.core.clone(), grant)));
-                    }
-                    // Taken, but not handed the lock: try at once.
-                }
-            }
-        }
     }
 }
 
