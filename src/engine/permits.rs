@@ -10,7 +10,7 @@ use fred::types::Value;
 use tokio::time::Instant;
 
 use crate::engine::core::{Core, UndoOnDrop};
-use crate::engine::hold::{next_generation, Grant};
+use crate::engine::hold::{next_generation, Grant, Hold, Resync};
 use crate::engine::quorum;
 use crate::redis::keys::{LockKeys, SemaphoreKeys};
 use crate::redis::scripts::scripts;
@@ -45,38 +45,14 @@ impl Core {
         let field: Str = format!("{holder}:{gen}").into();
         let lease = self.config.get_watchdog_timeout();
         let start = Instant::now();
-        let mut undo = UndoOnDrop {
-            core: self,
-            resync: Some(hold.resync(&field, gen)),
-        };
-        let node = &self.masters.nodes[0];
         let args = vec![
             Value::from(permits as i64),
             Value::from(n as i64),
             Value::from(field.clone()),
             Value::from(lease.as_millis().min(i64::MAX as u128) as i64),
         ];
-        let both: [&str; 2] = [&sem.index, &keys.lock];
-        // On the undo's connection: an undo must not overtake the call it undoes.
-        let call = node.run_list_undoable(&scripts().semaphore_acquire, &both, args);
-        let reply = match until {
-            Some(until) => tokio::time::timeout_at(until, call)
-                .await
-                .unwrap_or(Err(Error::Timeout(until.saturating_duration_since(start)))),
-            None => call.await,
-        };
-        // An error leaves the outcome unknown: the undo (on drop) removes a grant that landed. Not
-        // a refusal error (a key of another type): the script failed before it wrote anything.
-        let reply = match reply {
-            Err(err) if err.is_refusal() => {
-                undo.resync = None;
-                self.holds.retire_if_idle(&hold);
-                return Err(err);
-            }
-            reply => reply?,
-        };
-        undo.resync = None;
-        drop(undo);
+        let resync = hold.resync(&field, gen);
+        let reply = self.call_permits(sem, &keys, &hold, resync, args, until).await?;
         let free = match reply.as_slice() {
             [1, free] => (*free).max(0) as u64,
             [0, free, soonest] => {
@@ -122,5 +98,46 @@ impl Core {
         self.wake_watchdog_for(deadline);
         tracing::debug!(semaphore = %sem.name, holder = %holder, n, "permits acquired");
         Ok(PermitAttempt::Granted { grant, free })
+    }
+
+    /// The acquisition's script call (`args`), bounded by `until`. An error leaves the outcome unknown: the
+    /// undo (on drop) removes a grant that landed. Not a refusal error (a key of another type):
+    /// the script failed before it wrote anything.
+    async fn call_permits(
+        self: &Arc<Self>,
+        sem: &SemaphoreKeys,
+        keys: &LockKeys,
+        hold: &Arc<Hold>,
+        resync: Resync,
+        args: Vec<Value>,
+        until: Option<Instant>,
+    ) -> Result<Vec<i64>, Error> {
+        let start = Instant::now();
+        let mut undo = UndoOnDrop {
+            core: self,
+            resync: Some(resync),
+        };
+        let node = &self.masters.nodes[0];
+        let both: [&str; 2] = [&sem.index, &keys.lock];
+        // On the undo's connection: an undo must not overtake the call it undoes.
+        let call = node.run_list_undoable(&scripts().semaphore_acquire, &both, args);
+        let reply = match until {
+            Some(until) => tokio::time::timeout_at(until, call)
+                .await
+                .unwrap_or(Err(Error::Timeout(until.saturating_duration_since(start)))),
+            None => call.await,
+        };
+        match reply {
+            Err(err) if err.is_refusal() => {
+                undo.resync = None;
+                self.holds.retire_if_idle(hold);
+                Err(err)
+            }
+            Err(err) => Err(err),
+            Ok(reply) => {
+                undo.resync = None;
+                Ok(reply)
+            }
+        }
     }
 }

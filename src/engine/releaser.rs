@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use crate::engine::core::Core;
 use crate::engine::hold::{Hold, Job, Resync};
-use crate::engine::quorum;
+use crate::engine::quorum::{self, Release};
 use crate::redis::keys::LockKeys;
 use crate::util::deadline::Due;
 use crate::Error;
@@ -198,6 +198,39 @@ async fn release_in_span(
         Some((recorded, gen, field, _)) => (recorded, *gen, field),
         None => (hold, gen, field),
     };
+    let outcome = send_release(core, releasing, hold, gen, field, target).await;
+    if was_lost {
+        return Err(Error::NotHeld);
+    }
+    match outcome.outcome(&core.masters) {
+        Ok(true) => {
+            tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
+            Ok(())
+        }
+        Ok(false) => {
+            if target > 0 {
+                hold.mark_lost(gen, "the lock was gone when releasing a nested hold");
+            }
+            Err(Error::NotHeld)
+        }
+        Err(err) => {
+            tracing::warn!(lock = %hold.keys.name, %err, "release not confirmed; retrying in the background");
+            Err(err)
+        }
+    }
+}
+
+/// Sends the release of generation `gen` of `hold` (its `field`, to count `target`) and records
+/// what came of it; masters that did not answer are brought in line in the background. `releasing`
+/// is the hold whose guard went (`hold` itself, or one held by handoffs Redis has not recorded).
+async fn send_release(
+    core: &Arc<Core>,
+    releasing: &Arc<Hold>,
+    hold: &Arc<Hold>,
+    gen: u64,
+    field: &Str,
+    target: u32,
+) -> Release {
     // This client's waiters hold back while a release that ends a handoff streak is on its way.
     let ending = (target == 0)
         .then(|| core.handoffs.ending(&hold.keys.lock))
@@ -237,25 +270,7 @@ async fn release_in_span(
             Job::Settle { resync, on, answers }
         });
     }
-    if was_lost {
-        return Err(Error::NotHeld);
-    }
-    match outcome.outcome(&core.masters) {
-        Ok(true) => {
-            tracing::debug!(lock = %hold.keys.name, owner = %hold.owner, left = target, "lock released");
-            Ok(())
-        }
-        Ok(false) => {
-            if target > 0 {
-                hold.mark_lost(gen, "the lock was gone when releasing a nested hold");
-            }
-            Err(Error::NotHeld)
-        }
-        Err(err) => {
-            tracing::warn!(lock = %hold.keys.name, %err, "release not confirmed; retrying in the background");
-            Err(err)
-        }
-    }
+    outcome
 }
 
 /// One try at setting generation `resync.gen` of a hold to its local count (0 if it is not the

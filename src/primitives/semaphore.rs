@@ -15,6 +15,7 @@ use crate::primitives::guard::LockGuard;
 use crate::primitives::owner::Owner;
 use crate::redis::keys::SemaphoreKeys;
 use crate::redis::scripts::scripts;
+use crate::redis::waiters::Armed;
 use crate::Error;
 
 /// A semaphore of `permits` permits shared through Redis: made by
@@ -191,10 +192,8 @@ impl Semaphore {
                         drop(armed.take());
                         subscription.waker().notify_one();
                     }
-                    return Ok(Some(Permit {
-                        guard: LockGuard::new(self.core.clone(), grant),
-                        permits: n,
-                    }));
+                    let guard = LockGuard::new(self.core.clone(), grant);
+                    return Ok(Some(Permit { guard, permits: n }));
                 }
                 Ok(PermitAttempt::Refused { free, soonest }) => {
                     answered = true;
@@ -229,17 +228,21 @@ impl Semaphore {
                     continue;
                 }
             }
-            // Woken by a release, or when the soonest holder's lease would run out (a crashed
-            // holder's permits come back then), never later than the caller's bound.
-            let wake_at = wait.wake_at(soonest.unwrap_or(self.core.masters.config.retry_delay));
-            if let Some(armed) = armed.take() {
-                tokio::select! {
-                    () = armed => {}
-                    () = tokio::time::sleep_until(wake_at) => {}
-                }
-            }
+            self.sleep(armed.take(), &wait, soonest).await;
             if self.core.is_closed() {
                 return Err(Error::Shutdown);
+            }
+        }
+    }
+
+    /// Sleeps until woken by a release, or when the soonest holder's lease would run out (a
+    /// crashed holder's permits come back then), never later than the caller's bound.
+    async fn sleep(&self, armed: Option<Armed>, wait: &Wait, soonest: Option<Duration>) {
+        let wake_at = wait.wake_at(soonest.unwrap_or(self.core.masters.config.retry_delay));
+        if let Some(armed) = armed {
+            tokio::select! {
+                () = armed => {}
+                () = tokio::time::sleep_until(wake_at) => {}
             }
         }
     }

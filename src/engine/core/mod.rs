@@ -24,6 +24,7 @@ use crate::util::deadline::Deadlines;
 use crate::Error;
 
 mod handoff;
+mod record;
 
 /// The outcome of one attempt.
 pub(crate) enum Attempt {
@@ -232,54 +233,9 @@ impl Core {
             if !reentrant && hold.state.lock().active() {
                 return Err(Error::AlreadyHeld(keys.name.to_string()));
             }
-            let start = Instant::now();
-            let own_bound = start + self.masters.attempt_bound();
-            let bound = until.map_or(own_bound, |until| until.min(own_bound));
             let ask = self.ask(&hold, owner, mode);
-            let (target, gen, field, lease) = (ask.target, ask.gen, ask.field.clone(), ask.lease);
-            let reentry = target > 1;
-            // If this future is dropped mid-round, a grant may still land: the undo runs in the
-            // background, after this round's commands on every connection.
-            let mut undo = UndoOnDrop {
-                core: self,
-                resync: Some(hold.resync(&field, gen)),
-            };
-            let voters = match self.voting() {
-                Ok(voters) => voters,
-                Err(err) => {
-                    // Nothing sent: nothing to undo.
-                    undo.resync = None;
-                    drop(undo);
-                    self.holds.retire_if_idle(&hold);
-                    return Err(err);
-                }
-            };
-            let round = quorum::acquire(&self.masters, &voters, keys, &field, lease, target);
-            // One master's round is one request, which its node bounds already (by the same length);
-            // several masters', or a shorter wait of the caller's, are bounded here.
-            let round = if until.is_none() && self.masters.single() {
-                round.await
-            } else {
-                self.deadlines
-                    .within(bound, round)
-                    .await
-                    .unwrap_or_else(|| Err(Error::Timeout(bound - start)))
-            };
-            // Nothing to undo where every master answered. One master's refusal error (a key of
-            // another type) is its whole answer, and the script failed before it wrote anything;
-            // of several masters', others may not have answered.
-            let definite = match &round {
-                Ok(Round::Refused { stragglers, .. }) => !stragglers,
-                Ok(_) => true,
-                Err(err) => err.is_refusal() && self.masters.single(),
-            };
-            if definite {
-                undo.resync = None;
-            }
-            drop(undo);
-            if definite && round.is_err() {
-                self.holds.retire_if_idle(&hold);
-            }
+            let (gen, field, reentry) = (ask.gen, ask.field.clone(), ask.target > 1);
+            let round = self.round(&hold, keys, &ask, until).await;
             let (token, deadline) = match round? {
                 Round::Refused { ttl, split, .. } => {
                     self.holds.retire_if_idle(&hold);
@@ -309,6 +265,63 @@ impl Core {
             }
             return Ok(Attempt::Granted(grant));
         }
+    }
+
+    /// One round for `ask` over the masters that may vote, bounded as [`attempt`](Core::attempt)
+    /// says. If this future is dropped mid-round, or the round's outcome is unknown, a grant may
+    /// still land: the undo runs in the background, after this round's commands on every
+    /// connection.
+    async fn round(
+        self: &Arc<Self>,
+        hold: &Arc<Hold>,
+        keys: &Arc<LockKeys>,
+        ask: &Ask,
+        until: Option<Instant>,
+    ) -> Result<Round, Error> {
+        let start = Instant::now();
+        let own_bound = start + self.masters.attempt_bound();
+        let bound = until.map_or(own_bound, |until| until.min(own_bound));
+        let mut undo = UndoOnDrop {
+            core: self,
+            resync: Some(hold.resync(&ask.field, ask.gen)),
+        };
+        let voters = match self.voting() {
+            Ok(voters) => voters,
+            Err(err) => {
+                // Nothing sent: nothing to undo.
+                undo.resync = None;
+                drop(undo);
+                self.holds.retire_if_idle(hold);
+                return Err(err);
+            }
+        };
+        let round = quorum::acquire(&self.masters, &voters, keys, &ask.field, ask.lease, ask.target);
+        // One master's round is one request, which its node bounds already (by the same length);
+        // several masters', or a shorter wait of the caller's, are bounded here.
+        let round = if until.is_none() && self.masters.single() {
+            round.await
+        } else {
+            self.deadlines
+                .within(bound, round)
+                .await
+                .unwrap_or_else(|| Err(Error::Timeout(bound - start)))
+        };
+        // Nothing to undo where every master answered. One master's refusal error (a key of
+        // another type) is its whole answer, and the script failed before it wrote anything;
+        // of several masters', others may not have answered.
+        let definite = match &round {
+            Ok(Round::Refused { stragglers, .. }) => !stragglers,
+            Ok(_) => true,
+            Err(err) => err.is_refusal() && self.masters.single(),
+        };
+        if definite {
+            undo.resync = None;
+        }
+        drop(undo);
+        if definite && round.is_err() {
+            self.holds.retire_if_idle(hold);
+        }
+        round
     }
 
     /// The fencing token of generation `gen` of `hold`: the one it has, or for a plain lock, one
