@@ -57,7 +57,7 @@ pub(crate) struct HoldState {
     pub(crate) confirmed: Option<u32>,
     /// When this generation's lease was found lost (for [`Error::Lost`](crate::Error::Lost)).
     pub(crate) lost_at: Option<Instant>,
-    /// Granted by a handoff that Redis has not recorded yet (see `handoff.rs`): the handoff's call
+    /// Granted by a handoff that Redis has not recorded yet (see `engine/core/handoff.rs`): the handoff's call
     /// confirms it (and extends its deadline) or ends it, and the watchdog leaves it alone until then.
     pub(crate) pending: bool,
 }
@@ -69,7 +69,7 @@ impl HoldState {
 
     /// The count Redis should hold for `field` of generation `gen`: the local count while it is
     /// the active one, else nothing. A waiter's mark has the same field (the owner id) in every
-    /// generation (see `marks.rs`): a late release or resync of an ended one must set the active
+    /// generation (see `engine/marks.rs`): a late release or resync of an ended one must set the active
     /// one's count, not remove the mark that the owner's next wait left there.
     pub(crate) fn redis_count(&self, gen: u64, field: &str) -> u32 {
         if self.holds(gen, field) {
@@ -90,9 +90,9 @@ pub(crate) struct Hold {
     pub(crate) owner: Str,
     pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
     pub(crate) state: Mutex<HoldState>,
-    /// The `lock` label of its figures (see `telemetry.rs`).
+    /// The `lock` label of its figures (see `util/telemetry.rs`).
     pub(crate) label: Label,
-    /// Whether its possessions count in the figures: not a waiter's mark (see `marks.rs`), which
+    /// Whether its possessions count in the figures: not a waiter's mark (see `engine/marks.rs`), which
     /// holds nothing.
     pub(crate) counted: bool,
 }
@@ -204,7 +204,7 @@ impl Grant {
     }
 }
 
-/// Work for the background releaser (see `releaser.rs`).
+/// Work for the background releaser (see `engine/releaser.rs`).
 pub(crate) enum Job {
     /// Bring Redis in line after a guard of generation `gen` was dropped (its level is already
     /// taken off locally). An awaited release runs in its caller's task instead (see
@@ -231,7 +231,7 @@ pub(crate) enum Job {
         answers: Pin<Box<dyn Future<Output = Vec<usize>> + Send>>,
     },
     /// Record in Redis, at `at`, the handoffs of lock `keys` that went unrecorded since then (see
-    /// `handoff.rs`), if they still are; `None`: now, all of them.
+    /// `engine/core/handoff.rs`), if they still are; `None`: now, all of them.
     Record {
         keys: Arc<LockKeys>,
         at: Option<Instant>,
@@ -245,7 +245,7 @@ pub(crate) struct Resync {
     pub(crate) field: Str,
     pub(crate) gen: u64,
     /// A token handed out before Redis recorded it (an early handoff whose call's outcome is
-    /// unknown, see `handoff.rs`): the fence is raised to it before anything is released, so that
+    /// unknown, see `engine/core/handoff.rs`): the fence is raised to it before anything is released, so that
     /// the lock is never free here while the fence is below a token in use.
     pub(crate) fence_floor: Option<u64>,
 }

@@ -2,7 +2,7 @@
 //! drop, or one a caller awaits), undoes operations whose outcome is unknown (an attempt cancelled
 //! or timed out mid-round), and awaits the answers that a quorum's release did not wait for
 //! (`Job::Settle`, see `quorum::release_settled`), and records handoffs left unrecorded
-//! (`Job::Record`, see `handoff.rs`; those due later wait in a heap behind one timer). Jobs run
+//! (`Job::Record`, see `engine/core/handoff.rs`; those due later wait in a heap behind one timer). Jobs run
 //! concurrently, so their commands pipeline on each connection; a master that did not answer is
 //! retried with backoff until it does or until what the operation may have left there has run out
 //! by itself.
@@ -121,7 +121,7 @@ pub(crate) async fn release_now(
     was_lost: bool,
     ops: Option<OwnedMutexGuard<()>>,
 ) -> Result<(), Error> {
-    // A waiter's mark (see `marks.rs`) holds nothing: its release is no `release` of the lock.
+    // A waiter's mark (see `engine/marks.rs`) holds nothing: its release is no `release` of the lock.
     let span = if hold.counted {
         tracing::info_span!("release", lock = %hold.keys.name, owner = %hold.owner, left = Empty, outcome = Empty)
     } else {

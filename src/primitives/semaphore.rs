@@ -140,7 +140,7 @@ impl Semaphore {
         Ok(())
     }
 
-    /// An acquisition, counted in the figures (`kind="semaphore"`, see `telemetry.rs`).
+    /// An acquisition, counted in the figures (`kind="semaphore"`, see `util/telemetry.rs`).
     async fn acquire_with(&self, n: u64, wait: Wait) -> Result<Option<Permit>, Error> {
         use crate::util::telemetry::{self, AcquireReport, Outcome, Prim};
         let label = telemetry::label(

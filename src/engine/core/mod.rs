@@ -1,7 +1,7 @@
 //! The engine of one client: its masters, its holds, and acquisition and shutdown over them. It
-//! returns grants (see [`Grant`]); the API layer (`lock.rs`, `guard.rs`) builds guards from them.
-//! Releases and undos run on the releaser (`releaser.rs`), renewals on the watchdog
-//! (`watchdog.rs`); both are started beside the core (see `client::start_core`).
+//! returns grants (see [`Grant`]); the API layer (`primitives/lock/`, `primitives/guard.rs`) builds guards from them.
+//! Releases and undos run on the releaser (`engine/releaser.rs`), renewals on the watchdog
+//! (`engine/watchdog.rs`); both are started beside the core (see `client::start_core`).
 
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
@@ -39,11 +39,11 @@ pub(crate) struct Core {
     pub(crate) masters: Masters,
     pub(crate) config: LockConfig,
     pub(crate) holds: Holds,
-    /// This client's waiters that a release may hand its lock to (see `handoff.rs`).
+    /// This client's waiters that a release may hand its lock to (see `engine/core/handoff.rs`).
     pub(crate) handoffs: Handoffs,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
     pub(crate) watchdog_kick: Arc<Notify>,
-    /// The bounds of attempts (see `deadline.rs`).
+    /// The bounds of attempts (see `util/deadline.rs`).
     deadlines: Deadlines,
     /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
     /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
@@ -180,7 +180,7 @@ impl Core {
     /// after the snapshot could send a grant that nothing released: its undo found the connections
     /// closed.)
     ///
-    /// Handoffs of the lock that Redis has not recorded yet are recorded first (see `handoff.rs`),
+    /// Handoffs of the lock that Redis has not recorded yet are recorded first (see `engine/core/handoff.rs`),
     /// by the releaser: cancelling this leaves them to it.
     pub(crate) async fn open_hold(
         self: &Arc<Self>,
@@ -427,7 +427,7 @@ impl Core {
     /// returns the grant; `None` if a reentered hold was lost while the round ran (its cleanup
     /// takes this level too), or the client was shut down meanwhile (the caller gives a fresh grant
     /// back). Decided under the hold's lock. `pending`: a fresh grant that Redis has not recorded
-    /// yet (see `handoff.rs`), marked so in the same step, so that no watchdog round renews it.
+    /// yet (see `engine/core/handoff.rs`), marked so in the same step, so that no watchdog round renews it.
     pub(crate) fn record_grant(
         &self,
         hold: &Arc<Hold>,

@@ -1,5 +1,5 @@
 //! Recording handoffs in Redis: a record of the latest holder of a lock held by handoffs that Redis
-//! has not recorded, and the release of such a lock (see `handoff.rs` for when they are made).
+//! has not recorded, and the release of such a lock (see `engine/core/handoff.rs` for when they are made).
 
 use fred::bytes_utils::Str;
 use std::sync::Arc;

@@ -59,7 +59,7 @@ pub(super) struct Acquisition<'a> {
     keys: Arc<LockKeys>,
     /// A fair lock's waiter is woken by name, when it is its turn.
     named: bool,
-    /// Whether a release of this client may hand the lock to this waiter (see `handoff.rs`).
+    /// Whether a release of this client may hand the lock to this waiter (see `engine/core/handoff.rs`).
     handoff: bool,
     /// An `Upgrade` refusal is checked once against this client's own read hold.
     upgrade_checked: bool,
@@ -120,7 +120,7 @@ impl<'a> Acquisition<'a> {
     /// The keys an attempt works on: a reader's own, a waiting writer's or fair waiter's with its
     /// mark, or the lock's.
     fn keys(lock: &Lock, wait: &Wait, owner: &Str) -> Arc<LockKeys> {
-        // A waiter's mark lives by the watchdog's heartbeat (see `marks.rs`), whatever the lease.
+        // A waiter's mark lives by the watchdog's heartbeat (see `engine/marks.rs`), whatever the lease.
         let mark_lease = lock.core.config.get_watchdog_timeout();
         match &lock.keys.kind {
             // Every reader's hold has a key (and a lease) of its own.
@@ -341,7 +341,7 @@ impl<'a> Acquisition<'a> {
         let wake_at = self.wait.wake_at(delay);
         tracing::trace!(lock = %self.lock.name, ?delay, "waiting for a release");
         let released = futures::future::select_all(self.armed.drain(..));
-        // A release of another owner of this client may hand the lock over (see `handoff.rs`).
+        // A release of another owner of this client may hand the lock over (see `engine/core/handoff.rs`).
         let mut ticket = self
             .handoff
             .then(|| core.enter_handoff(&self.keys, &self.owner, self.mode));

@@ -79,7 +79,7 @@ impl Lock {
         Lock::with_keys(core, name, keys)
     }
 
-    /// A lock over `keys`: one side of a read-write lock (see `rw_lock.rs`).
+    /// A lock over `keys`: one side of a read-write lock (see `primitives/rw_lock.rs`).
     pub(crate) fn with_keys(core: Arc<Core>, name: &str, keys: Arc<LockKeys>) -> Lock {
         Lock {
             core,
@@ -288,7 +288,7 @@ impl Lock {
         Ok(())
     }
 
-    /// An acquire call in its `acquire` span, with its figures (see `telemetry.rs`). The span's
+    /// An acquire call in its `acquire` span, with its figures (see `util/telemetry.rs`). The span's
     /// fields: `lock`, `owner`, `mode` (`wait`, `try`, `try_for`), and at the end `waited_us`,
     /// `token` (when granted with one drawn: see [`LockGuard::fencing_token`]) and `outcome`; the
     /// attempt's own events nest inside it.
@@ -332,7 +332,7 @@ async fn ended(signal: &mut Option<tokio::sync::watch::Receiver<bool>>) {
 }
 
 impl Lock {
-    /// The guard of a waiter's mark of `place` (see `marks.rs`), within the caller's bound.
+    /// The guard of a waiter's mark of `place` (see `engine/marks.rs`), within the caller's bound.
     async fn adopt_mark(
         &self,
         place: &LockKeys,
