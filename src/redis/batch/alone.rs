@@ -38,7 +38,7 @@ pub(super) fn alone(
     }
 }
 
-/// [`alone`]'s call of the batch script (see [`encode_alone`](super::encode::encode_alone)).
+/// [`alone`]'s call of the batch script (see [`encode_alone`]).
 async fn call_alone(link: &NodeClient, op: Op, slot: Option<Slot>) -> Result<Ints, Error> {
     let _slot = slot;
     let call = encode_alone(&op, link.topology.publish());
