@@ -35,7 +35,6 @@ use std::time::Duration;
 
 use futures::future::Either;
 use futures::stream::{FuturesUnordered, StreamExt};
-
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -74,6 +73,7 @@ const DIRECT_MAX: usize = 1;
 /// An operation's reply: a few integers (see `scripts/batch.lua`), kept inline.
 pub(crate) type Ints = Few<i64>;
 
+/// Where a queued operation's reply goes: its caller, unless it left.
 type Reply = oneshot::Sender<Result<Ints, Error>>;
 
 /// A round on its way: one call per slot, bounded, its slot given back when it ends or is dropped.
