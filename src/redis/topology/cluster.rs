@@ -5,7 +5,7 @@
 //! resent, since fred makes each request once. Every script call touches one slot: batches and
 //! renewals are grouped by slot. Scripts and the function library are loaded on every primary, and
 //! again where one answers `NOSCRIPT` or `Function not found`.
-//! Release messages use sharded pub/sub on Redis ≥ 7 (see `waiters.rs`).
+//! Release messages use sharded pub/sub on Redis ≥ 7 (see `waiters`).
 
 use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, ClusterInterface};

@@ -1,5 +1,9 @@
 //! Waiting for releases without polling: one subscriber connection per node, reference-counted
 //! channel subscriptions, and wake-ups for the tasks that wait on them.
+//! Here the registrations and their wake-ups; in `subscriber` the task that owns the connection.
+//!
+//! May use: `crate::util`, and the transport's `link` and `topology`; never the engine, the
+//! primitives, `inspect` or `blocking`.
 //!
 //! A waiter registers its interest in a lock's release channel and gets a [`Subscription`]. One
 //! background task per node owns the subscriber connection: it batches the `SUBSCRIBE`/`UNSUBSCRIBE`
@@ -21,22 +25,23 @@
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 
 use std::time::Duration;
 
 use fred::clients::Client;
-use fred::interfaces::{ClientLike, ClusterInterface, EventInterface, PubsubInterface};
+use fred::interfaces::{ClientLike, PubsubInterface};
 use fred::types::config::Server;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 use parking_lot::Mutex;
-use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::futures::OwnedNotified;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::redis::link::NodeClient;
-use crate::redis::topology::Kind;
+use subscriber::{run, subscribe_then_ping};
+
+mod subscriber;
 
 /// How often a cluster's slot map is re-read while anyone waits on it.
 pub(crate) const CLUSTER_SCAN: Duration = Duration::from_secs(1);
@@ -338,293 +343,5 @@ fn arm(notify: &Arc<Notify>) -> Armed {
 fn wake_all(shared: &Shared) {
     for entry in shared.channels.lock().values_mut() {
         entry.wake_all();
-    }
-}
-
-async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<NodeClient>) {
-    let connection = subscriber.connect();
-    let mut messages = subscriber.message_rx();
-    let mut reconnects = subscriber.reconnect_rx();
-    let cluster = link.topology.kind() == Kind::Cluster;
-    // The next sweep of lingering channels, while there are any.
-    let mut sweep_at: Option<Instant> = None;
-    while let Some(strong) = shared.upgrade() {
-        let scan = async {
-            // Only sharded subscriptions follow their slot (plain ones live on every node).
-            if cluster && link.topology.sharded() && !strong.channels.lock().is_empty() {
-                tokio::time::sleep(CLUSTER_SCAN).await
-            } else {
-                std::future::pending().await
-            }
-        };
-        let sweep = async {
-            match sweep_at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = strong.kick.notified() => {
-                if Arc::strong_count(&strong) == 1 {
-                    break; // the node is gone and nobody waits any more
-                }
-                if sync(&strong, &subscriber, &link).await {
-                    sweep_at.get_or_insert_with(|| Instant::now() + LINGER);
-                }
-            }
-            () = sweep => {
-                sweep_at = None;
-                if sync(&strong, &subscriber, &link).await {
-                    sweep_at = Some(Instant::now() + LINGER);
-                }
-            }
-            () = scan => follow_slots(&strong, &subscriber, &link).await,
-            message = messages.recv() => match message {
-                Ok(message) => {
-                    let mut channels = strong.channels.lock();
-                    if let Some(entry) = channels.get_mut(&*message.channel) {
-                        entry.deliver(message.value.as_bytes().unwrap_or_default());
-                    }
-                }
-                Err(RecvError::Lagged(missed)) => {
-                    tracing::debug!(missed, "release messages were dropped; waking every waiter");
-                    wake_all(&strong);
-                }
-                Err(RecvError::Closed) => break,
-            },
-            reconnect = reconnects.recv() => {
-                if let Err(RecvError::Closed) = reconnect {
-                    break;
-                }
-                tracing::debug!("subscriber reconnected; subscribing again");
-                for entry in strong.channels.lock().values_mut() {
-                    entry.sent = false;
-                    entry.confirmed = false;
-                }
-                // Lingering channels are not subscribed again: they go here.
-                sync(&strong, &subscriber, &link).await;
-                wake_all(&strong);
-            }
-        }
-    }
-    crate::redis::link::quit(&subscriber).await;
-    connection.abort();
-}
-
-/// Re-reads the cluster's slot map; channels whose slot moved are subscribed again where it lives
-/// now, and their waiters woken (a release may have been announced where nobody listened).
-///
-/// A slot that moved away and back between two scans has the same primary as before, but that
-/// primary dropped its subscriptions when the slot left (without a word that fred passes on).
-/// Every such move raises the cluster's epoch (the primary that takes a slot bumps its own), so
-/// a scan that reads a higher `cluster_current_epoch` than any before subscribes every channel
-/// again where it lives, and wakes its waiters. Epochs rise only with moves and failovers: that
-/// costs nothing while the cluster stands still.
-async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
-    if let Err(err) = bounded(link, subscriber.sync_cluster()).await {
-        tracing::debug!(%err, "reading the cluster's slots failed");
-        return;
-    }
-    let bumped = match current_epoch(link).await {
-        Some(epoch) => {
-            let before = shared
-                .epoch
-                .fetch_max(epoch, std::sync::atomic::Ordering::Relaxed);
-            before != 0 && epoch > before
-        }
-        None => false,
-    };
-    let (moved, unsent) = {
-        let mut channels = shared.channels.lock();
-        let (mut moved, mut unsent) = (0, 0);
-        for (channel, entry) in channels.iter_mut() {
-            if !entry.sent {
-                unsent += 1; // a subscription that failed: try again
-                continue;
-            }
-            let owner = crate::redis::topology::slot_owner(subscriber, link.topology.slot(channel));
-            if bumped || owner != entry.owner {
-                entry.sent = false;
-                entry.confirmed = false;
-                moved += 1;
-            }
-        }
-        (moved, unsent)
-    };
-    if moved + unsent > 0 {
-        tracing::debug!(
-            moved,
-            unsent,
-            "subscribing release channels again where their slots live"
-        );
-        sync(shared, subscriber, link).await;
-    }
-}
-
-/// The `cluster_current_epoch` of a node of the cluster (any), if it answers.
-async fn current_epoch(link: &NodeClient) -> Option<u64> {
-    let info = CustomCommand::new_static("CLUSTER", ClusterHash::Random, false);
-    // Bounded by the command client's own timeout.
-    let request = link
-        .cmd
-        .custom::<String, _>(info, vec![Value::from_static_str("INFO")]);
-    let text = match request.await {
-        Ok(text) => text,
-        Err(err) => {
-            tracing::debug!(%err, "CLUSTER INFO failed");
-            return None;
-        }
-    };
-    text.lines()
-        .find_map(|line| line.strip_prefix("cluster_current_epoch:"))
-        .and_then(|epoch| epoch.trim().parse().ok())
-}
-
-/// Brings the server's subscriptions in line with the registered interest: two batched commands, or
-/// for sharded channels two per slot. Channels that nobody has waited on for [`LINGER`] go; returns
-/// whether others linger still.
-async fn sync(shared: &Shared, subscriber: &Client, link: &NodeClient) -> bool {
-    let mut lingering = false;
-    let (subscribe, unsubscribe) = {
-        let mut channels = shared.channels.lock();
-        let mut unsubscribe = Vec::new();
-        channels.retain(|channel, entry| {
-            if entry.refs > 0 {
-                return true;
-            }
-            if entry.sent && entry.idle_since.is_some_and(|since| since.elapsed() < LINGER) {
-                lingering = true;
-                return true;
-            }
-            if entry.sent {
-                unsubscribe.push(channel.to_string());
-            }
-            false
-        });
-        let mut subscribe = Vec::new();
-        for (channel, entry) in channels.iter_mut() {
-            if !entry.sent {
-                entry.sent = true;
-                subscribe.push(channel.to_string());
-            }
-        }
-        (subscribe, unsubscribe)
-    };
-    if link.topology.sharded() {
-        sync_sharded(shared, subscriber, link, subscribe, unsubscribe).await;
-        return lingering;
-    }
-    if !unsubscribe.is_empty() {
-        if let Err(err) = bounded(link, subscriber.unsubscribe(unsubscribe)).await {
-            tracing::debug!(%err, "UNSUBSCRIBE failed");
-        }
-    }
-    if subscribe.is_empty() {
-        return lingering;
-    }
-    // The `PING`'s reply is the confirmation, not fred's answer to `SUBSCRIBE`: a waiter that took
-    // that answer for one tried again, was refused, and slept through a release published before
-    // the server had its subscription (on a busy runtime about one run in six of
-    // `tests/handoff.rs`'s early handoff test; `tests/lock.rs` holds the `SUBSCRIBE` back).
-    let result = bounded(link, async {
-        subscribe_then_ping(subscriber, subscribe.clone()).await.map(drop)
-    })
-    .await;
-    // On failure waiters fall back to the holder's TTL; the next reconnect subscribes again.
-    settle(shared, &subscribe, &result, None);
-    if let Err(err) = result {
-        tracing::warn!(%err, "SUBSCRIBE failed; waiters fall back to the lease's TTL");
-    }
-    lingering
-}
-
-/// `SUBSCRIBE` of `channels`, then a `PING` behind it on the same connection: the `PING`'s reply.
-/// fred answers `SUBSCRIBE` once it is queued, not when the server ran it (and drops a refusal, or
-/// hands it to the next command awaiting a reply): the `PING` is answered only after the server
-/// ran both, and gets that refusal if it was queued in time. On a cluster it goes where fred sends
-/// the client's plain subscriptions: the slot of its id.
-async fn subscribe_then_ping(
-    subscriber: &Client,
-    channels: Vec<String>,
-) -> Result<Value, fred::error::Error> {
-    subscriber.subscribe(channels).await?;
-    let ping = CustomCommand::new_static(
-        "PING",
-        ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes())),
-        false,
-    );
-    subscriber.custom(ping, Vec::<Value>::new()).await
-}
-
-/// [`sync`] for sharded channels: one `SSUBSCRIBE` (and `SUNSUBSCRIBE`) per slot, each awaited
-/// (fred follows `MOVED` for them only when they are not pipelined).
-async fn sync_sharded(
-    shared: &Shared,
-    subscriber: &Client,
-    link: &NodeClient,
-    subscribe: Vec<String>,
-    unsubscribe: Vec<String>,
-) {
-    for group in link.topology.by_slot(unsubscribe, |c| c) {
-        if let Err(err) = bounded(link, subscriber.sunsubscribe(group)).await {
-            tracing::debug!(%err, "SUNSUBSCRIBE failed");
-        }
-    }
-    for group in link.topology.by_slot(subscribe, |c| c) {
-        let slot = link.topology.slot(&group[0]);
-        let owner = crate::redis::topology::slot_owner(subscriber, slot);
-        let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
-        if let Err(err) = &result {
-            tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
-        }
-        settle(shared, &group, &result, owner);
-    }
-}
-
-/// Records the outcome of a subscription of `channels` (confirmed on `owner`, or not sent after
-/// all) and wakes their waiters, who must try again: a release may have come before it.
-fn settle(
-    shared: &Shared,
-    channels: &[String],
-    result: &Result<(), fred::error::Error>,
-    owner: Option<Server>,
-) {
-    let mut entries = shared.channels.lock();
-    for channel in channels {
-        if let Some(entry) = entries.get_mut(channel.as_str()) {
-            match result {
-                Ok(()) => {
-                    entry.confirmed = true;
-                    entry.owner = owner.clone();
-                }
-                Err(_) => entry.sent = false,
-            }
-            entry.wake_all();
-        }
-    }
-}
-
-/// A request of the subscriber task, bounded like every other (the subscriber client has no
-/// per-command timeout of its own): a server that went away must not hold the task, which could
-/// then no longer see that it is not needed any more. A subscription that timed out may still land
-/// later; the next sync sends it again, which is harmless.
-///
-/// A plain function that boxes the request before anything awaits it: fred's command future (about
-/// 7 KB) held inline, as an `async fn`'s argument and again as the future it awaits, made the task's
-/// `sync` 15 KB, moved at every call.
-fn bounded<'a>(
-    link: &NodeClient,
-    request: impl std::future::Future<Output = Result<(), fred::error::Error>> + 'a,
-) -> impl std::future::Future<Output = Result<(), fred::error::Error>> + 'a {
-    let request = Box::pin(request);
-    let bound = link.bound();
-    async move {
-        match tokio::time::timeout(bound, request).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(fred::error::Error::new(
-                fred::error::ErrorKind::Timeout,
-                "the subscriber's request was not answered in time",
-            )),
-        }
     }
 }
