@@ -116,7 +116,7 @@ async fn renew_round(core: Arc<Core>) {
         renewed = Empty,
         elapsed_us = Empty
     );
-    // The client's record (see `identity.rs`) goes beside the round, on every master.
+    // The client's record (see `redis/identity.rs`) goes beside the round, on every master.
     let record = write_record(&core);
     futures::join!(renew(&core, holds).instrument(span), record);
 }

@@ -45,7 +45,7 @@ pub(crate) struct NodeClient {
     /// once (never resent by fred).
     pub(crate) cmd: WithOptions<Client>,
     /// The command client without fred's per-command timer, for the batch script's calls: those
-    /// are bounded by [`deadlines`](NodeClient::deadlines) instead (see `deadline.rs` for why).
+    /// are bounded by [`deadlines`](NodeClient::deadlines) instead (see `util/deadline.rs` for why).
     pub(crate) batch: WithOptions<Client>,
     /// The bounds of batched operations and of the batcher's rounds.
     pub(crate) deadlines: Deadlines,

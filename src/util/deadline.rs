@@ -23,7 +23,7 @@
 //! 18 % less. On the current one, 2 vCPUs of an AMD EPYC, it cost: without it 1 task ran 13-18 %
 //! more cycles per second, 2 tasks 65 % more, with a quarter less CPU per cycle; 3 to 256 tasks
 //! the same or better. It went; it had also hidden a waiter that slept through a release, see
-//! `waiters::sync`.)
+//! `waiters::subscriber::sync`.)
 //!
 //! The task stops once its `Deadlines` is dropped and the requests it bounds have ended (each
 //! holds the shared state until it ends, so its bound holds to the last).

@@ -1,7 +1,11 @@
 //! The engine of one client: its masters, its holds, and acquisition and shutdown over them. It
-//! returns grants (see [`Grant`]); the API layer (`primitives/lock/`, `primitives/guard.rs`) builds guards from them.
-//! Releases and undos run on the releaser (`engine/releaser.rs`), renewals on the watchdog
-//! (`engine/watchdog.rs`); both are started beside the core (see `client::start_core`).
+//! returns grants (see [`Grant`]); the primitives (`primitives/lock/`, `primitives/guard.rs`) build
+//! guards from them. Releases and undos run on the releaser (`engine/releaser.rs`), renewals on the
+//! watchdog (`engine/watchdog.rs`); both are started beside the core (see `client::start_core`).
+//! Here the core, attempts and fencing tokens; in `handoff` a release's handing on to a waiter of
+//! this client, in `record` the recording of such handoffs in Redis.
+//!
+//! May use: the rest of `engine`, `redis`, `util` and the shared vocabulary.
 
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
@@ -34,7 +38,7 @@ pub(crate) enum Attempt {
 
 pub(crate) struct Core {
     pub(crate) id: Uuid,
-    /// Its name and record (see `identity.rs`).
+    /// Its name and record (see `redis/identity.rs`).
     pub(crate) identity: Identity,
     pub(crate) masters: Masters,
     pub(crate) config: LockConfig,
@@ -541,7 +545,7 @@ impl Core {
             }
             self.holds.retire_if_idle(hold);
         });
-        // The client's record goes with it (see `identity.rs`).
+        // The client's record goes with it (see `redis/identity.rs`).
         let record = self
             .masters
             .nodes

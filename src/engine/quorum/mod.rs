@@ -1,6 +1,8 @@
 //! The one acquisition algorithm, over N nodes (N = 1 for a plain [`LockClient`](crate::LockClient)):
 //! the Redlock rounds of the distlock page.
 //!
+//! May use: `redis` (nodes, keys), `util` and the shared vocabulary; nothing else of the engine.
+//!
 //! 1. Note the start on the monotonic clock and send the request to every node at once, each bounded
 //!    by the node timeout.
 //! 2. Granted as soon as a majority (`N / 2 + 1`) granted and the lease still has validity left:

@@ -1,4 +1,6 @@
-//! `Lock`: the user's handle on one named lock, and the waiting loop.
+//! `Lock`: the user's handle on one named lock; its waiting loop is in `acquire`.
+//!
+//! May use: `engine`, `redis`, `util`, the shared vocabulary, and the guard and owner beside it.
 
 use fred::bytes_utils::Str;
 use std::sync::Arc;

@@ -53,7 +53,7 @@ pub(crate) struct Granted {
     /// The fence's value that this client's last record of the lock left, if it knows one.
     pub(crate) expect: Option<u64>,
     /// The fence's value to set: the token, or above it to reserve the tokens in between for
-    /// handoffs that are not recorded one by one (see `handoff.rs`).
+    /// handoffs that are not recorded one by one (see `engine/core/handoff.rs`).
     pub(crate) fence_to: u64,
 }
 

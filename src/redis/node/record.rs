@@ -1,4 +1,4 @@
-//! The client's record in Redis (see `identity.rs`): one string key with a TTL, written, read and
+//! The client's record in Redis (see `redis/identity.rs`): one string key with a TTL, written, read and
 //! removed through a node.
 
 use fred::bytes_utils::Str;
@@ -12,7 +12,7 @@ use crate::Error;
 
 impl Node {
     /// Sets the string `key` to `value` with a TTL of `lease` (a client's record, see
-    /// `identity.rs`): one `SET … PX`, bounded by the node's timeout.
+    /// `redis/identity.rs`): one `SET … PX`, bounded by the node's timeout.
     pub(crate) async fn write_record(&self, key: &Str, value: &Str, lease: Duration) -> Result<(), Error> {
         let ms = lease.as_millis().clamp(1, i64::MAX as u128) as i64;
         self.link

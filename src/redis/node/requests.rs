@@ -125,7 +125,7 @@ impl Node {
         }
     }
 
-    /// One lock as `scripts/inspect.lua` reads it (for `inspect.rs`): `keys` and `which` (its
+    /// One lock as `scripts/inspect.lua` reads it (for `inspect/`): `keys` and `which` (its
     /// `ARGV[1]`) as that script takes them, within the node's bound.
     pub(crate) async fn read_lock(&self, keys: &[&Str], which: &'static str) -> Result<Value, Error> {
         let keys = keys.iter().map(|key| Key::from(*key)).collect();
@@ -133,7 +133,7 @@ impl Node {
         self.bounded(call).await
     }
 
-    /// One semaphore as `scripts/inspect_semaphore.lua` reads it (for `inspect.rs`), within the
+    /// One semaphore as `scripts/inspect_semaphore.lua` reads it (for `inspect/`), within the
     /// node's bound; an index of another type is [`Error::WrongType`].
     pub(crate) async fn read_semaphore(&self, keys: &SemaphoreKeys) -> Result<Value, Error> {
         let call = self.script(

@@ -3,6 +3,8 @@
 //! asks its topology how to route a batch, a renewal and a `WAIT`, how release messages travel, and
 //! how to check and prepare the servers behind it. One file per kind, as fred's
 //! `router/{centralized,clustered,sentinel}.rs`.
+//!
+//! May use: the shared vocabulary only: it is the bottom of the transport.
 
 mod cluster;
 mod sentinel;
