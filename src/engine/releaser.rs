@@ -168,7 +168,7 @@ async fn release_in_span(
     tracing::Span::current().record("left", target);
     if done {
         // An earlier guard's background release, sent after this level went too, did it; or
-        // Redis refused a handoff's grant after its guard went (see `handoff::Pending`).
+        // Redis refused a handoff's grant after its guard went (see `core::record::Pending`).
         if target == 0 {
             core.holds.retire_if_idle(hold);
         }
