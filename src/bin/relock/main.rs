@@ -16,6 +16,12 @@
 //! relock unlock NAME [--yes] force-unlock, after a confirmation on stdin unless --yes
 //!   --fair, --rw             the fair lock, or the read-write lock, of that name
 //! relock watch NAME          acquire / re-enter / release / expire / force-unlock events until Ctrl-C
+//! relock exec --lock NAME -- CMD [ARGS]
+//!                            run CMD while holding the lock; stop it if the lock is lost
+//!   --semaphore NAME --permits N   one permit of that semaphore instead
+//!   --wait 30s               give up if not held by then (0: try once); default: wait
+//!   --lease 30s              the lease the watchdog renews (default: the library's, 30 s)
+//!   --grace 10s              from SIGTERM to SIGKILL once the lock is lost
 //! ```
 //!
 //! Global options: `--url` (or `REDIS_URL`; `redis://`, `redis-cluster://`, `redis-sentinel://`
@@ -48,6 +54,7 @@
 //! `unlock` prints the lock as read just before it removed it: a holder that changed in between
 //! (a release and a new acquisition) is removed all the same.
 
+mod exec;
 mod list;
 mod output;
 mod show;
@@ -60,6 +67,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use relock::{Error, LockClient, LockConfig};
 
+use exec::{exec, Exec, What};
 use list::{list, list_fair, list_rw, list_semaphores};
 use output::redact;
 use show::show;
@@ -84,7 +92,22 @@ Exit codes:
      nobody holds)
   2  usage error (bad arguments, lock name, prefix or URL)
   3  connection or Redis error (also a key that is not a relock lock)
-  4  confirmation refused (unlock)";
+  4  confirmation refused (unlock)
+See `relock exec --help` for the codes of exec.";
+
+const EXEC_EXIT_CODES: &str = "\
+The program gets RELOCK_LOCK (the lock's or semaphore's name) and, for a lock, RELOCK_FENCING_TOKEN
+in its environment. SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to it; the lock is released
+once it has exited.
+
+Exit codes:
+  the program's own code once it has exited (128 + N if signal N ended it)
+  2    usage error (bad arguments, lock name, prefix or URL)
+  3    connection or Redis error before the program started
+  75   busy: not held within --wait (with --wait 0, at the one try)
+  76   the lock was lost while the program ran: it got SIGTERM, and SIGKILL after --grace
+  126  the program could not be started
+  127  the program was not found";
 
 /// Inspect and manage relock's distributed locks in Redis.
 #[derive(Debug, Parser)]
@@ -166,6 +189,33 @@ enum Command {
         #[arg(long)]
         enable_notifications: bool,
     },
+    /// Run a program only while holding a lock (or a permit of a semaphore), with the watchdog
+    /// renewing it; stop the program if the lock is lost.
+    #[command(after_help = EXEC_EXIT_CODES)]
+    Exec {
+        /// The lock to hold.
+        #[arg(long, required_unless_present = "semaphore", conflicts_with = "semaphore")]
+        lock: Option<String>,
+        /// The semaphore to take one permit of (with --permits).
+        #[arg(long, requires = "permits")]
+        semaphore: Option<String>,
+        /// How many permits the semaphore has.
+        #[arg(long, requires = "semaphore", value_parser = clap::value_parser!(u64).range(1..))]
+        permits: Option<u64>,
+        /// Give up if not held within this long (`0`: one try); by default wait as long as it takes.
+        #[arg(long, value_parser = wait)]
+        wait: Option<Duration>,
+        /// The lease the watchdog keeps renewing (`LockConfig::watchdog_timeout`): how long others
+        /// wait after this process dies without releasing.
+        #[arg(long, value_parser = duration)]
+        lease: Option<Duration>,
+        /// Once the lock is lost, how long the program has between SIGTERM and SIGKILL.
+        #[arg(long, default_value = "10s", value_parser = duration)]
+        grace: Duration,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
 }
 
 /// Why the command stopped early: an exit code and what to say on stderr.
@@ -204,6 +254,15 @@ fn duration(arg: &str) -> Result<Duration, String> {
     Ok(duration)
 }
 
+/// A wait: a duration as [`duration`] reads it, or `0` for one try.
+fn wait(arg: &str) -> Result<Duration, String> {
+    if arg.trim().parse::<f64>() == Ok(0.0) {
+        return Ok(Duration::ZERO);
+    }
+    let wait = duration(arg).map_err(|err| err.replace("the timeout must be", "the wait must be"))?;
+    Ok(wait)
+}
+
 fn main() -> ExitCode {
     // Usage errors exit here with clap's code 2 (and --help, --version with 0).
     let cli = Cli::parse();
@@ -225,9 +284,15 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> u8 {
-    let config = LockConfig::default()
+    let mut config = LockConfig::default()
         .key_prefix(cli.prefix.clone())
         .command_timeout(cli.timeout);
+    if let Command::Exec {
+        lease: Some(lease), ..
+    } = &cli.command
+    {
+        config = config.watchdog_timeout(*lease);
+    }
     // A bad prefix is a usage error, not a connection error: checked before connecting.
     if let Err(err) = config.validate() {
         eprintln!("relock: {err}");
@@ -241,38 +306,7 @@ async fn run(cli: Cli) -> u8 {
             return if err.is_bad_input() { USAGE } else { REDIS };
         }
     };
-    let outcome = match &cli.command {
-        Command::List {
-            pattern,
-            semaphores,
-            fair,
-            rw,
-        } => {
-            let pattern = pattern.as_deref();
-            if *semaphores {
-                list_semaphores(&client, &cli, pattern).await
-            } else if *fair {
-                list_fair(&client, &cli, pattern).await
-            } else if *rw {
-                list_rw(&client, &cli, pattern).await
-            } else {
-                list(&client, &cli, pattern).await
-            }
-        }
-        Command::Show { name } => show(&client, &cli, name).await,
-        Command::Unlock { name, yes, fair, rw } => {
-            let kind = match (*fair, *rw) {
-                (true, _) => Kind::Fair,
-                (_, true) => Kind::Rw,
-                _ => Kind::Plain,
-            };
-            unlock(&client, &cli, name, kind, *yes).await
-        }
-        Command::Watch {
-            name,
-            enable_notifications,
-        } => watch(&client, &cli, name, *enable_notifications).await,
-    };
+    let outcome = dispatch(&client, &cli).await;
     client.shutdown().await;
     match outcome {
         Ok(code) => code,
@@ -282,6 +316,70 @@ async fn run(cli: Cli) -> u8 {
                 eprintln!("relock: {}", failure.message);
             }
             failure.code
+        }
+    }
+}
+
+/// Runs the subcommand on `client`.
+async fn dispatch(client: &LockClient, cli: &Cli) -> Result<u8, Failure> {
+    match &cli.command {
+        Command::List {
+            pattern,
+            semaphores,
+            fair,
+            rw,
+        } => {
+            let pattern = pattern.as_deref();
+            if *semaphores {
+                list_semaphores(client, cli, pattern).await
+            } else if *fair {
+                list_fair(client, cli, pattern).await
+            } else if *rw {
+                list_rw(client, cli, pattern).await
+            } else {
+                list(client, cli, pattern).await
+            }
+        }
+        Command::Show { name } => show(client, cli, name).await,
+        Command::Unlock { name, yes, fair, rw } => {
+            let kind = match (*fair, *rw) {
+                (true, _) => Kind::Fair,
+                (_, true) => Kind::Rw,
+                _ => Kind::Plain,
+            };
+            unlock(client, cli, name, kind, *yes).await
+        }
+        Command::Watch {
+            name,
+            enable_notifications,
+        } => watch(client, cli, name, *enable_notifications).await,
+        Command::Exec {
+            lock,
+            semaphore,
+            permits,
+            wait,
+            grace,
+            command,
+            ..
+        } => {
+            let what = match (lock, semaphore, permits) {
+                (Some(name), _, _) => What::Lock(name),
+                (None, Some(name), Some(permits)) => What::Semaphore(name, *permits),
+                // clap asks for one or the other.
+                _ => {
+                    return Err(Failure::new(
+                        USAGE,
+                        "give --lock NAME, or --semaphore NAME --permits N",
+                    ))
+                }
+            };
+            let run = Exec {
+                what,
+                wait: *wait,
+                grace: *grace,
+                command,
+            };
+            exec(client, run).await
         }
     }
 }
