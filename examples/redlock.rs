@@ -16,8 +16,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut servers = Vec::new();
     if urls.is_empty() {
         for _ in 0..5 {
-            let server = support::Throwaway::start()?;
-            urls.push(server.url.clone());
+            let server = support::throwaway()?;
+            urls.push(server.url());
             servers.push(server);
         }
         println!("started {} throwaway masters", servers.len());

@@ -68,7 +68,8 @@
 //!   `cli`) prints them, force-unlocks and watches a lock.
 //! - **Blocking code**: [`blocking`] wraps the API for threads outside any runtime.
 //!
-//! Features: `tls-rustls` (default) or `tls-native` for `rediss://`; `metrics`; `cli`.
+//! Features: `tls-rustls` (default) or `tls-native` for `rediss://`; `metrics`; `cli`; `testing`
+//! ([`testing`]: throwaway servers and faults for your own tests).
 
 #![warn(missing_docs)]
 
@@ -77,6 +78,10 @@
 
 // The blocking API, over the async one.
 pub mod blocking;
+
+// Throwaway servers, clusters and a faulty network for users' tests (feature `testing`).
+#[cfg(feature = "testing")]
+pub mod testing;
 
 // Operators' reads of who holds what.
 mod inspect;

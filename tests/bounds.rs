@@ -103,7 +103,7 @@ async fn check(topology: Topology, fault: Fault) {
         match fault {
             Fault::Killed => servers[i].kill(),
             Fault::Paused => servers[i].pause(),
-            Fault::Partitioned => proxies[i].partition(true),
+            Fault::Partitioned => proxies[i].partition(),
         }
     }
     let label = format!("{topology:?}/{fault:?}");

@@ -131,7 +131,7 @@ async fn a_cut_off_waiter_leaves_within_its_lease_and_the_queue_goes_on() {
     let second = tokio::spawn(async move { (second.acquire().await.unwrap(), Instant::now()) });
     assert!(support::eventually(Duration::from_secs(5), || queued(&server, &name) == 2).await);
     // The first waiter is cut off: its heartbeat stops, and its place ends with its lease.
-    proxy.partition(true);
+    proxy.partition();
     let cut = Instant::now();
     tokio::time::sleep(Duration::from_millis(200)).await;
     holder.release().await.unwrap();
@@ -142,7 +142,7 @@ async fn a_cut_off_waiter_leaves_within_its_lease_and_the_queue_goes_on() {
     assert!(at - cut < Duration::from_millis(1500 + 1500), "{:?}", at - cut);
     guard.release().await.unwrap();
     first.abort();
-    proxy.partition(false);
+    proxy.heal();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

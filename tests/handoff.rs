@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use relock::{LockClient, LockConfig, Owner};
+use support::ServerExt;
 use support::{eventually, lock_key, unique_name, RedisServer};
 
 async fn client(server: &RedisServer, config: LockConfig) -> LockClient {

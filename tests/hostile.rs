@@ -252,7 +252,7 @@ async fn a_key_of_another_type_fails_alone_in_a_shared_batch() {
     server.cmd(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
     server.cmd(&["CONFIG", "SET", "slowlog-max-len", "1000"]);
     server.cmd(&["SLOWLOG", "RESET"]);
-    proxy.stall_requests(true);
+    proxy.stall_requests();
     let mut fillers = Vec::new();
     for i in 0..16 {
         let lock = client.lock(&format!("{good}:{i}"));
@@ -270,7 +270,7 @@ async fn a_key_of_another_type_fails_alone_in_a_shared_batch() {
         )
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    proxy.stall_requests(false);
+    proxy.heal();
     let (ok, err) = both.await.unwrap();
     let mut filled = Vec::new();
     for filler in fillers {
@@ -393,7 +393,7 @@ async fn a_connection_cut_mid_script_is_an_error_and_the_grant_is_undone() {
     let through = LockClient::connect_with(&proxy.url(), cut_config).await.unwrap();
 
     let name = unique_name("cut");
-    proxy.cut_replies(true);
+    proxy.drop_replies();
     let start = Instant::now();
     // One attempt (`acquire` would try again through the cut for a lease).
     let err = through.lock(&name).try_acquire().await.unwrap_err();
@@ -412,7 +412,7 @@ async fn a_connection_cut_mid_script_is_an_error_and_the_grant_is_undone() {
     // While every reply is cut, the client cannot even finish reconnecting: the undo of the unknown
     // outcome fails, and must be tried again rather than leave the grant for its whole lease.
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    proxy.cut_replies(false);
+    proxy.heal();
     eventually(Duration::from_secs(10), || !server.exists(&lock_key(&name))).await;
     assert!(
         !server.exists(&lock_key(&name)),
@@ -444,7 +444,7 @@ async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
 
     let name = unique_name("undo");
     for proxy in &proxies {
-        proxy.cut_replies(true);
+        proxy.drop_replies();
     }
     // One attempt (`acquire` would try again through the cut for a lease).
     assert!(
@@ -456,10 +456,10 @@ async fn a_quorum_undo_keeps_trying_the_masters_that_did_not_answer() {
         "the grants did not land"
     );
     // One master answers the undo at once; the other two, a majority, stay silent for a while.
-    proxies[0].cut_replies(false);
+    proxies[0].heal();
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    proxies[1].cut_replies(false);
-    proxies[2].cut_replies(false);
+    proxies[1].heal();
+    proxies[2].heal();
 
     eventually(Duration::from_secs(10), || {
         servers.iter().all(|s| !s.exists(&lock_key(&name)))

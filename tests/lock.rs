@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, LockGuard, Owner};
+use support::ServerExt;
 use support::{eventually, lock_key, unique_name, RedisServer, Reply};
 use tokio::time::Instant;
 

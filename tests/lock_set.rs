@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, MultiLock, Owner, QuorumConfig};
 use support::topologies::RedisCluster;
+use support::ServerExt;
 use support::{lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 

@@ -6,6 +6,7 @@ mod support;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, MultiLock, QuorumConfig};
+use support::ServerExt;
 use support::{eventually, lock_key, unique_name, RedisServer};
 use tokio::time::Instant;
 
@@ -645,8 +646,8 @@ async fn a_master_restarted_before_a_client_connects_sits_out_on_first_sight() {
     age(lease).await;
     // The holder reaches only masters 0, 1 and 2: it holds the lock on exactly a bare majority.
     let proxies = support::proxy::in_front_of(&servers).await;
-    proxies[3].partition(true);
-    proxies[4].partition(true);
+    proxies[3].partition();
+    proxies[4].partition();
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let holder = MultiLock::connect_with(&urls, config(false)).await.unwrap();

@@ -333,7 +333,7 @@ async fn every_reader_has_a_lease_of_its_own() {
     tokio::time::sleep(Duration::from_millis(3500)).await;
     assert!(lost.is_held() && kept.is_held());
     // One reader cut off: its share runs out with its lease, and it is told; the other's stays.
-    proxy.partition(true);
+    proxy.partition();
     tokio::time::timeout(Duration::from_secs(5), lost.lost())
         .await
         .expect("the cut-off reader was told");
@@ -355,7 +355,7 @@ async fn every_reader_has_a_lease_of_its_own() {
         .expect("writer");
     assert!(left.elapsed() < Duration::from_secs(2));
     w.release().await.unwrap();
-    proxy.partition(false);
+    proxy.heal();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -370,7 +370,7 @@ async fn a_cut_off_waiting_writer_holds_readers_back_for_one_lease_at_most() {
     let wait = tokio::spawn(async move { rw.write().acquire().await });
     let waiting = format!("{}:writers", rw_key(&name));
     assert!(support::eventually(Duration::from_secs(5), || server.exists(&waiting)).await);
-    proxy.partition(true);
+    proxy.partition();
     let cut = Instant::now();
     let late = reader
         .rw_lock(&name)
@@ -387,7 +387,7 @@ async fn a_cut_off_waiting_writer_holds_readers_back_for_one_lease_at_most() {
     );
     wait.abort();
     drop((held, late));
-    proxy.partition(false);
+    proxy.heal();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, MultiLock, Owner, QuorumConfig};
 use support::proxy::Proxy;
+use support::ServerExt;
 use support::{eventually, lock_key, unique_name, RedisServer, Reply};
 use tokio::time::Instant;
 
@@ -46,8 +47,8 @@ async fn reentry_keeps_a_hold_that_a_majority_backs() {
     let lock = m.multi.lock(&name);
     let outer = lock.acquire().await.unwrap();
     // A and B answer late, so C, which lost the hold, answers first every time.
-    m.proxies[0].set_latency(Duration::from_millis(15));
-    m.proxies[1].set_latency(Duration::from_millis(15));
+    m.proxies[0].latency(Duration::from_millis(15));
+    m.proxies[1].latency(Duration::from_millis(15));
     for cycle in 0..50 {
         m.servers[2].cmd(&["DEL", &lock_key(&name)]);
         let inner = lock.acquire().await.unwrap();
@@ -145,7 +146,7 @@ async fn lost_fires_at_the_deadline_while_a_renewal_hangs() {
     let guard = client.lock(&unique_name("hang")).acquire().await.unwrap();
     tokio::time::sleep(Duration::from_millis(600)).await;
     let cut = Instant::now();
-    proxy.partition(true);
+    proxy.partition();
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
         .expect("lost() never fired");
@@ -156,7 +157,7 @@ async fn lost_fires_at_the_deadline_while_a_renewal_hangs() {
         "lost() fired {took:?} after the cut, the lease is {lease:?}"
     );
     assert!(!guard.is_held());
-    proxy.partition(false);
+    proxy.heal();
 }
 
 /// 4. A release that reached only a minority is retried on the others until they have it.
@@ -165,16 +166,16 @@ async fn a_release_that_reached_a_minority_is_retried() {
     let m = masters(Duration::from_secs(20)).await;
     let name = unique_name("minority");
     let guard = m.multi.lock(&name).acquire().await.unwrap();
-    m.proxies[1].partition(true);
-    m.proxies[2].partition(true);
+    m.proxies[1].partition();
+    m.proxies[2].partition();
     let result = guard.release().await;
     assert!(
         result.is_err(),
         "a release on one of three is not confirmed: {result:?}"
     );
     assert!(!m.servers[0].exists(&lock_key(&name)));
-    m.proxies[1].partition(false);
-    m.proxies[2].partition(false);
+    m.proxies[1].heal();
+    m.proxies[2].heal();
     let healed = Instant::now();
     let gone = eventually(Duration::from_secs(2), || {
         m.servers.iter().all(|s| !s.exists(&lock_key(&name)))
@@ -212,7 +213,7 @@ async fn a_cancelled_woken_waiter_passes_the_wake_up_on() {
     // Requests of the waiting client now stall in the proxy (the release message still comes):
     // the woken waiter's attempt stalls behind the fillers' calls, and is dropped before any answer
     // to it comes back.
-    proxy.stall_requests(true);
+    proxy.stall_requests();
     let mut fillers = Vec::new();
     for i in 0..4 {
         let lock = waiting.lock(&format!("{name}-filler-{i}"));
@@ -224,7 +225,7 @@ async fn a_cancelled_woken_waiter_passes_the_wake_up_on() {
     // Whichever waiter the message woke is the one to drop; the other must be handed the lock.
     tokio::time::sleep(Duration::from_millis(150)).await;
     first.abort();
-    proxy.stall_requests(false);
+    proxy.heal();
     let outcome = tokio::time::timeout(Duration::from_secs(3), second)
         .await
         .map(|joined| joined.unwrap());
@@ -261,7 +262,7 @@ async fn a_master_listed_twice_is_refused_or_kept_from_voting() {
     // Reached only later: a proxy to `a`, cut off at connect. Once reached it must not vote, so
     // with `b` gone, `a` alone is no majority.
     let proxy = Proxy::start(a.port()).await;
-    proxy.partition(true);
+    proxy.partition();
     let urls = [a.url(), proxy.url(), b.url()];
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
     let multi = MultiLock::connect_with(
@@ -272,7 +273,7 @@ async fn a_master_listed_twice_is_refused_or_kept_from_voting() {
     )
     .await
     .unwrap();
-    proxy.partition(false);
+    proxy.heal();
     drop(b);
     tokio::time::sleep(Duration::from_secs(3)).await; // the watcher reads the proxy's run_id
     let outcome = multi.lock(&unique_name("twice")).try_acquire().await;

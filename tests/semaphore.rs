@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig};
 use support::proxy::Proxy;
+use support::ServerExt;
 use support::{unique_name, RedisServer};
 use tokio::time::Instant;
 
@@ -241,7 +242,7 @@ async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_i
     assert!(permit.is_held());
     assert!(other.semaphore(&name, 1).try_acquire(1).await.unwrap().is_none());
     // Cut off: no renewal lands; the lease runs out in Redis, and the holder is told.
-    proxy.partition(true);
+    proxy.partition();
     let cut = Instant::now();
     let taken = other
         .semaphore(&name, 1)
@@ -259,7 +260,7 @@ async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_i
         .expect("the holder was told");
     assert!(!permit.is_held());
     assert!(taken.is_held());
-    proxy.partition(false);
+    proxy.heal();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

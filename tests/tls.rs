@@ -7,6 +7,7 @@ mod support;
 use std::time::Duration;
 
 use relock::{Error, LockClient, LockConfig, Owner};
+use support::ServerExt;
 use support::{lock_key, unique_name, RedisServer, Reply};
 use tokio::time::Instant;
 

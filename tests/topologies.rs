@@ -84,9 +84,9 @@ async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
         guard.release().await.expect("release");
     }
     assert!(
-        cluster.lock_keys().is_empty(),
+        support::cluster_lock_keys(&cluster).is_empty(),
         "left behind: {:?}",
-        cluster.lock_keys()
+        support::cluster_lock_keys(&cluster)
     );
     for name in names.iter().step_by(11) {
         let guard = b
@@ -217,9 +217,9 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     assert!(woken < Duration::from_millis(1500), "woken only after {woken:?}");
     guard.release().await.unwrap();
     assert!(
-        cluster.lock_keys().is_empty(),
+        support::cluster_lock_keys(&cluster).is_empty(),
         "left behind: {:?}",
-        cluster.lock_keys()
+        support::cluster_lock_keys(&cluster)
     );
 
     // Moved away and back between two of the waiter's scans of the slot map: the slot's primary is
@@ -303,7 +303,7 @@ async fn cluster_failover_with_synced_replicas_keeps_the_lock() {
     let mut cluster = cluster;
     let old = cluster.primary_of_slot(slot).port();
     let cluster = tokio::task::spawn_blocking(move || {
-        cluster.fail_over_and_rejoin(slot);
+        cluster.failover_and_rejoin(slot);
         cluster
     })
     .await
@@ -569,7 +569,7 @@ async fn sentinel_failover_keeps_a_synced_lock() {
     let held = a.lock(&name).acquire().await.unwrap();
     let before = group.primary_port();
     let group = tokio::task::spawn_blocking(move || {
-        group.fail_over();
+        group.failover();
         group
     })
     .await
@@ -655,7 +655,7 @@ async fn multilock_quarantines_a_sentinel_group_that_failed_over() {
     guard.release().await.unwrap();
 
     let group = tokio::task::spawn_blocking(move || {
-        group.fail_over();
+        group.failover();
         group
     })
     .await

@@ -55,6 +55,12 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
+    /// The engine's client and hold under this guard (for `testing::lose`).
+    #[cfg(feature = "testing")]
+    pub(crate) fn engine_parts(&self) -> (&Arc<Core>, &Arc<Hold>) {
+        (&self.core, &self.hold)
+    }
+
     /// The guard of `grant`, which the engine returned.
     pub(crate) fn new(core: Arc<Core>, grant: Grant) -> LockGuard {
         LockGuard {

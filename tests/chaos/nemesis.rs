@@ -295,11 +295,11 @@ impl Nemesis {
                     .rng
                     .between(Duration::from_millis(20), Duration::from_millis(150));
                 for proxy in &cluster.proxies[slot] {
-                    proxy.set_latency(latency);
+                    proxy.latency(latency);
                 }
                 tokio::time::sleep(self.rng.between(Duration::from_secs(1), Duration::from_secs(3))).await;
                 for proxy in &cluster.proxies[slot] {
-                    proxy.set_latency(Duration::ZERO);
+                    proxy.latency(Duration::ZERO);
                 }
             }
             Fault::DropConnections => {
@@ -322,11 +322,11 @@ impl Nemesis {
                         (0..cluster.proxies[slot].len()).map(|m| (slot, m)).collect()
                     };
                 for &(s, m) in &proxies {
-                    cluster.proxies[s][m].partition(true);
+                    cluster.proxies[s][m].partition();
                 }
                 tokio::time::sleep(cut).await;
                 for &(s, m) in &proxies {
-                    cluster.proxies[s][m].partition(false);
+                    cluster.proxies[s][m].heal();
                 }
             }
             Fault::Failover if cluster.topology == Topology::Cluster => {
@@ -335,7 +335,7 @@ impl Nemesis {
                 let Some(redis) = cluster.redis_cluster.as_mut() else {
                     return false;
                 };
-                tokio::task::block_in_place(|| redis.fail_over_and_rejoin(slot));
+                tokio::task::block_in_place(|| redis.failover_and_rejoin(slot));
                 unsynced(harness, t, lease);
             }
             Fault::Reshard => {

@@ -1,18 +1,15 @@
-//! Shared test support: throwaway redis-server processes on free loopback ports, faults (kill, pause,
-//! restart), and a tiny synchronous RESP client for assertions that does not go through relock.
-#![allow(dead_code)]
+//! Shared test support, over `relock::testing` (throwaway servers, clusters, a faulty proxy): the
+//! reads and helpers that know relock's keys and scripts, and the tests' own configurations.
+// Each test uses some of it.
+#![allow(dead_code, unused_imports)]
 
 pub mod delay;
 pub mod proxy;
 pub mod tls;
 pub mod topologies;
 
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -25,142 +22,24 @@ pub fn fast_config() -> relock::LockConfig {
         .command_timeout(Duration::from_secs(2))
 }
 
-/// A redis-server of this test alone, killed and cleaned up on drop.
-pub struct RedisServer {
-    child: Option<Child>,
-    port: u16,
-    dir: PathBuf,
-    args: Vec<String>,
-    password: Option<String>,
+pub use relock::testing::{
+    command_at, encode, free_port, spawn_redis, spawn_tied, Reply, Server as RedisServer,
+};
+
+/// Reads of a test server that know relock's keys and commands.
+pub trait ServerExt {
+    /// How many times the server ran `command` (lower case, e.g. "evalsha"), from `INFO commandstats`.
+    fn command_calls(&self, command: &str) -> u64;
+    /// How many script calls the server ran: `EVALSHA` and `FCALL` (the batch runs as a function of
+    /// relock's library where the server has them).
+    fn script_calls(&self) -> u64;
+    /// The field of the hold in the lock hash `key` (the first one; a waiter's mark, `field~`, is
+    /// no hold).
+    fn hold_field(&self, key: &str) -> String;
 }
 
-impl RedisServer {
-    /// Starts a server without persistence on a free port.
-    pub fn start() -> RedisServer {
-        RedisServer::start_with(&[])
-    }
-
-    /// Starts a server with extra configuration arguments (e.g. `["--requirepass", "secret"]`).
-    pub fn start_with(extra: &[&str]) -> RedisServer {
-        let args: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-        let password = args
-            .iter()
-            .position(|a| a == "--requirepass")
-            .and_then(|i| args.get(i + 1))
-            .cloned();
-        for _ in 0..20 {
-            let port = free_port();
-            let dir = std::env::temp_dir().join(format!(
-                "relock-test-{}-{port}-{}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            std::fs::create_dir_all(&dir).expect("temp dir");
-            let mut server = RedisServer {
-                child: None,
-                port,
-                dir,
-                args: args.clone(),
-                password: password.clone(),
-            };
-            if server.spawn() {
-                return server;
-            }
-        }
-        panic!("could not start redis-server on a free port");
-    }
-
-    fn spawn(&mut self) -> bool {
-        let mut args: Vec<std::ffi::OsString> = vec!["--port".into(), self.port.to_string().into()];
-        args.extend(self.args.iter().map(Into::into));
-        let ready = || match self.try_cmd_timeout(&["PING"], Duration::from_millis(500)) {
-            Ok(Reply::Str(s)) => s == "PONG",
-            Ok(Reply::Err(e)) => e.starts_with("NOAUTH"),
-            _ => false,
-        };
-        self.child = spawn_redis(&self.dir, self.port, &args, ready);
-        self.child.is_some()
-    }
-
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-
-    pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// SIGKILL, and wait for the process to be gone.
-    pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-CONT", &child.id().to_string()])
-                .status();
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// SIGSTOP: the server keeps its connections but answers nothing.
-    pub fn pause(&self) {
-        self.signal("-STOP");
-    }
-
-    /// SIGCONT.
-    pub fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        if let Some(child) = &self.child {
-            let status = Command::new("kill")
-                .args([signal, &child.id().to_string()])
-                .status();
-            assert!(
-                status.map(|s| s.success()).unwrap_or(false),
-                "kill {signal} failed"
-            );
-        }
-    }
-
-    /// Kills the server (if running) and starts it again on the same port, empty.
-    pub fn restart(&mut self) {
-        self.kill();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.spawn() {
-            assert!(
-                Instant::now() < deadline,
-                "could not restart redis-server on port {}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
-    }
-
-    /// Runs one command and returns its reply; panics if the server cannot be reached.
-    pub fn cmd(&self, args: &[&str]) -> Reply {
-        self.try_cmd(args)
-            .unwrap_or_else(|err| panic!("{args:?} on port {}: {err}", self.port))
-    }
-
-    pub fn try_cmd(&self, args: &[&str]) -> std::io::Result<Reply> {
-        self.try_cmd_timeout(args, Duration::from_secs(5))
-    }
-
-    pub fn try_cmd_timeout(&self, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
-        command_on(self.port, self.password.as_deref(), args, timeout)
-    }
-
-    /// How many times the server ran `command` (lower case, e.g. "evalsha"), from `INFO commandstats`.
-    pub fn command_calls(&self, command: &str) -> u64 {
+impl ServerExt for RedisServer {
+    fn command_calls(&self, command: &str) -> u64 {
         let info = self.cmd(&["INFO", "commandstats"]);
         let prefix = format!("cmdstat_{command}:calls=");
         info.as_str()
@@ -172,19 +51,11 @@ impl RedisServer {
             .unwrap_or(0)
     }
 
-    /// How many script calls the server ran: `EVALSHA` and `FCALL` (the batch runs as a function of
-    /// relock's library where the server has them).
-    pub fn script_calls(&self) -> u64 {
+    fn script_calls(&self) -> u64 {
         self.command_calls("evalsha") + self.command_calls("fcall")
     }
 
-    pub fn exists(&self, key: &str) -> bool {
-        self.cmd(&["EXISTS", key]).as_int() == Some(1)
-    }
-
-    /// The field of the hold in the lock hash `key` (the first one; a waiter's mark, `field~`, is
-    /// no hold).
-    pub fn hold_field(&self, key: &str) -> String {
+    fn hold_field(&self, key: &str) -> String {
         match self.cmd(&["HKEYS", key]) {
             Reply::Array(fields) => fields
                 .iter()
@@ -195,226 +66,6 @@ impl RedisServer {
             other => panic!("HKEYS {key}: {other:?}"),
         }
     }
-
-    pub fn keys(&self, pattern: &str) -> Vec<String> {
-        match self.cmd(&["KEYS", pattern]) {
-            Reply::Array(items) => items
-                .iter()
-                .filter_map(|r| r.as_str().map(str::to_string))
-                .collect(),
-            other => panic!("KEYS answered {other:?}"),
-        }
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A reply of the RESP protocol.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Reply {
-    Nil,
-    Int(i64),
-    Str(String),
-    Err(String),
-    Array(Vec<Reply>),
-}
-
-impl Reply {
-    pub fn as_int(&self) -> Option<i64> {
-        match self {
-            Reply::Int(i) => Some(*i),
-            Reply::Str(s) => s.parse().ok(),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(&self) -> Option<&str> {
-        match self {
-            Reply::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-
-    pub fn is_nil(&self) -> bool {
-        matches!(self, Reply::Nil)
-    }
-}
-
-/// One command to the server on `port` (loopback), on a connection of its own.
-pub fn command_at(port: u16, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
-    command_on(port, None, args, timeout)
-}
-
-fn command_on(port: u16, password: Option<&str>, args: &[&str], timeout: Duration) -> std::io::Result<Reply> {
-    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-    let stream = TcpStream::connect_timeout(&addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut reader = BufReader::new(stream.try_clone()?);
-    let mut writer = stream;
-    if let Some(password) = password {
-        writer.write_all(&encode(&["AUTH", password]))?;
-        read_reply(&mut reader)?;
-    }
-    writer.write_all(&encode(args))?;
-    read_reply(&mut reader)
-}
-
-/// `args` as a RESP request.
-pub fn encode(args: &[&str]) -> Vec<u8> {
-    let mut out = format!("*{}\r\n", args.len()).into_bytes();
-    for arg in args {
-        out.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
-        out.extend_from_slice(arg.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-fn read_reply(reader: &mut impl BufRead) -> std::io::Result<Reply> {
-    let mut line = String::new();
-    if reader.read_line(&mut line)? == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "connection closed",
-        ));
-    }
-    let line = line.trim_end_matches(['\r', '\n']);
-    let bad = || {
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad reply line {line:?}"),
-        )
-    };
-    let (kind, rest) = line.split_at(1.min(line.len()));
-    Ok(match kind {
-        "+" => Reply::Str(rest.to_string()),
-        "-" => Reply::Err(rest.to_string()),
-        ":" => Reply::Int(rest.parse().map_err(|_| bad())?),
-        "$" => {
-            let len: i64 = rest.parse().map_err(|_| bad())?;
-            if len < 0 {
-                Reply::Nil
-            } else {
-                let mut buf = vec![0; len as usize + 2];
-                reader.read_exact(&mut buf)?;
-                buf.truncate(len as usize);
-                Reply::Str(String::from_utf8_lossy(&buf).into_owned())
-            }
-        }
-        "*" => {
-            let len: i64 = rest.parse().map_err(|_| bad())?;
-            if len < 0 {
-                Reply::Nil
-            } else {
-                let mut items = Vec::with_capacity(len as usize);
-                for _ in 0..len {
-                    items.push(read_reply(reader)?);
-                }
-                Reply::Array(items)
-            }
-        }
-        _ => return Err(bad()),
-    })
-}
-
-/// Starts a throwaway redis-server in `dir` (no persistence, loopback only, its log in
-/// `dir/redis.log`) with `args` (the port among them), tied to this process (see [`spawn_tied`]),
-/// and waits until `ready` says it answers on `port`. `None` if it exited first (most likely the port
-/// was taken meanwhile); panics with its log if it does not come up within 10 s.
-pub fn spawn_redis(
-    dir: &std::path::Path,
-    port: u16,
-    args: &[std::ffi::OsString],
-    mut ready: impl FnMut() -> bool,
-) -> Option<Child> {
-    let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
-    let mut command = Command::new("redis-server");
-    command
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args([
-            "--daemonize",
-            "no",
-            "--protected-mode",
-            "no",
-            "--loglevel",
-            "warning",
-        ])
-        .arg("--dir")
-        .arg(dir)
-        .args(args)
-        .stdout(log.try_clone().expect("log file"))
-        .stderr(log)
-        .stdin(Stdio::null());
-    let mut child = spawn_tied(command).expect("redis-server must be on PATH");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(Some(_)) = child.try_wait() {
-            return None;
-        }
-        if ready() {
-            return Some(child);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
-    panic!("redis-server on port {port} did not come up:\n{log}");
-}
-
-/// Starts `command` from one thread that lives as long as this process, with the kernel asked to
-/// SIGKILL the child when that thread dies (`PR_SET_PDEATHSIG` follows the thread that forked): so
-/// a server never outlives a test process that was killed. Drop still kills it on a normal exit.
-pub fn spawn_tied(command: Command) -> std::io::Result<Child> {
-    use std::os::unix::process::CommandExt;
-    use std::sync::mpsc;
-    type Request = (Command, mpsc::Sender<std::io::Result<Child>>);
-    static SPAWNER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Request>>> = std::sync::OnceLock::new();
-    let spawner = SPAWNER.get_or_init(|| {
-        let (tx, rx) = mpsc::channel::<Request>();
-        std::thread::spawn(move || {
-            let parent = std::process::id() as libc::pid_t;
-            for (mut command, reply) in rx {
-                // SAFETY: only async-signal-safe calls between fork and exec.
-                unsafe {
-                    command.pre_exec(move || {
-                        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        // The parent died before the line above: nobody would kill us.
-                        if libc::getppid() != parent {
-                            libc::_exit(1);
-                        }
-                        Ok(())
-                    });
-                }
-                let _ = reply.send(command.spawn());
-            }
-        });
-        std::sync::Mutex::new(tx)
-    });
-    let (reply, answer) = mpsc::channel();
-    spawner
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .send((command, reply))
-        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?;
-    answer
-        .recv()
-        .map_err(|_| std::io::Error::other("the spawner thread is gone"))?
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
 }
 
 /// A lock client of either kind, for code that runs the same over one Redis and a MultiLock.
@@ -609,4 +260,9 @@ pub async fn guarded_increments(
             .expect("SET");
         drop(guard);
     }
+}
+
+/// The lock keys (of the default prefix) on every live primary of `cluster`.
+pub fn cluster_lock_keys(cluster: &topologies::RedisCluster) -> Vec<String> {
+    keys_besides_fences(&cluster.primaries(), "relock:*")
 }
