@@ -1487,3 +1487,23 @@ async fn inspect_names_the_program_host_and_process_that_hold_a_lock() {
         Err(Error::InvalidConfig(message)) if message.contains("client_name")
     ));
 }
+
+/// `testing::lose` takes a held lock from its guard at once, not at the watchdog's next round
+/// (10 s away with the default settings): the guard then knows, and another client gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn testing_lose_takes_the_lock_from_its_guard_at_once() {
+    let server = RedisServer::start();
+    let name = unique_name("lose");
+    let a = LockClient::connect(&server.url()).await.expect("connect");
+    let guard = a.lock(&name).acquire().await.unwrap();
+    let start = Instant::now();
+    relock::testing::lose(&guard).await.expect("lost");
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(!guard.is_held());
+    let b = client(&server).await;
+    let taken = b.lock(&name).try_acquire().await.unwrap();
+    assert!(taken.is_some(), "free for another client");
+    assert!(matches!(guard.release().await, Err(Error::Lost { .. })));
+    b.shutdown().await;
+    a.shutdown().await;
+}

@@ -13,6 +13,7 @@
 use fred::bytes_utils::Str;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -37,7 +38,7 @@ pub(crate) async fn run(core: Weak<Core>) {
         }
         strong.set_watchdog_wake(None);
         let now = Instant::now();
-        if round.is_none() && now >= next_round {
+        if round.is_none() && (now >= next_round || strong.round_asked.swap(false, Ordering::SeqCst)) {
             round = Some(Box::pin(renew_round(strong.clone())));
             next_round = now + strong.config.get_renew_interval();
         }

@@ -49,8 +49,6 @@ mod proxy;
 mod resp;
 mod server;
 
-use tokio::time::Instant;
-
 use crate::{Error, LockGuard};
 
 pub use cluster::{Cluster, Replicated, Sentinel, SentinelGroup, SERVICE};
@@ -78,7 +76,7 @@ pub async fn lose(guard: &LockGuard) -> Result<(), Error> {
     if let (Some(err), false) = (error, removed) {
         return Err(err);
     }
-    core.wake_watchdog_for(Instant::now());
+    core.renew_now();
     let bound = core.config.get_renew_interval() + 2 * core.config.get_command_timeout();
     tokio::time::timeout(bound, guard.lost())
         .await

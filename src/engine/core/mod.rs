@@ -53,6 +53,8 @@ pub(crate) struct Core {
     /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
     /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
     watchdog_wake: AtomicU64,
+    /// A renewal round asked for now, not at the next interval (see `testing::lose`).
+    pub(crate) round_asked: AtomicBool,
     epoch: Instant,
     closed: AtomicBool,
     /// The longest fixed lease granted, in ms: restarted masters sit out at least this long.
@@ -118,6 +120,7 @@ impl Core {
             watchdog_kick: Arc::new(Notify::new()),
             deadlines: Deadlines::start(),
             watchdog_wake: AtomicU64::new(u64::MAX),
+            round_asked: AtomicBool::new(false),
             epoch: Instant::now(),
             closed: AtomicBool::new(false),
             longest_lease_ms: AtomicU64::new(0),
@@ -164,6 +167,14 @@ impl Core {
         if self.micros(deadline) < self.watchdog_wake.load(Ordering::SeqCst) {
             self.watchdog_kick.notify_one();
         }
+    }
+
+    /// Has the watchdog start a renewal round now (or as soon as the one in flight ends), which
+    /// finds holds removed behind this client's back.
+    #[cfg(feature = "testing")]
+    pub(crate) fn renew_now(&self) {
+        self.round_asked.store(true, Ordering::SeqCst);
+        self.watchdog_kick.notify_one();
     }
 
     fn micros(&self, at: Instant) -> u64 {
