@@ -1498,7 +1498,11 @@ async fn testing_lose_takes_the_lock_from_its_guard_at_once() {
     let guard = a.lock(&name).acquire().await.unwrap();
     let start = Instant::now();
     relock::testing::lose(&guard).await.expect("lost");
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
     assert!(!guard.is_held());
     let b = client(&server).await;
     let taken = b.lock(&name).try_acquire().await.unwrap();
