@@ -122,6 +122,7 @@ pub use inspect::{
 };
 pub use primitives::client::LockClient;
 pub use primitives::guard::LockGuard;
+pub use primitives::guarded::Tx;
 pub use primitives::latch::CountDownLatch;
 pub use primitives::lock::Lock;
 pub use primitives::lock_set::{LockSet, LockSetGuard};

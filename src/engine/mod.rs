@@ -5,6 +5,7 @@
 //! May use: `redis`, `util` and the shared vocabulary.
 
 pub(crate) mod core;
+pub(crate) mod guarded;
 pub(crate) mod handoffs;
 pub(crate) mod hold;
 pub(crate) mod marks;

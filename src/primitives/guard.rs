@@ -1,6 +1,7 @@
 //! The RAII proof of holding a lock.
 
 use fred::bytes_utils::Str;
+use fred::types::Value;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,10 @@ use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::Instant;
 
 use crate::engine::core::{Core, UndoOnDrop};
+use crate::engine::guarded::Guarded;
 use crate::engine::hold::{Grant, Hold, Job};
 use crate::engine::releaser::release_now;
+use crate::primitives::guarded::Tx;
 use crate::Error;
 
 /// Proof that a lock is held: returned by [`Lock::acquire`](crate::Lock::acquire) and its siblings.
@@ -101,6 +104,65 @@ impl LockGuard {
     /// another (larger) one.
     pub async fn fencing_token(&self) -> Result<u64, Error> {
         self.core.fencing_token(&self.hold, self.gen).await
+    }
+
+    /// Applies the checks and commands that `build` adds to a [`Tx`] atomically, and only while
+    /// this hold is current in Redis: same owner, same generation, lease not run out. One script
+    /// call on the lock's own server and slot checks the hold and writes, with nothing in between,
+    /// so a holder that lost its lock (paused past its lease, cut off) cannot write after the next
+    /// holder took it: the guarded write is fencing that needs no token.
+    ///
+    /// `Ok(Some(replies))`: applied, each command's reply in order. `Ok(None)`: a check (`when_*`)
+    /// did not hold, and nothing was applied.
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: relock::LockGuard) -> Result<(), relock::Error> {
+    /// // The lock is "sku-42": its key is `relock:{sku-42}`, and the data shares the tag.
+    /// let sold = guard
+    ///     .atomically(|tx| {
+    ///         tx.when_at_least("stock:{sku-42}", 1)
+    ///             .decr_by("stock:{sku-42}", 1)
+    ///             .rpush("orders:{sku-42}", "order-7");
+    ///     })
+    ///     .await?;
+    /// if sold.is_none() {
+    ///     println!("sold out");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// - [`Error::LeaseLost`] with nothing applied if the hold is not current (known here, or found
+    ///   so in Redis, which ends the hold as lost).
+    /// - [`Error::InvalidConfig`] before anything is sent if a key is not in the lock's slot (the
+    ///   message names the hash tag to give it), or if the lock is a [`MultiLock`](crate::MultiLock)'s:
+    ///   no atomic write spans several masters.
+    /// - A command's own error (say, `WRONGTYPE`) ends the write; the commands before it stay
+    ///   applied, as in `MULTI`/`EXEC`.
+    /// - A timeout leaves it unknown whether the write was applied, as for any write to Redis; it
+    ///   is not sent again.
+    ///
+    /// # Cancel safety
+    ///
+    /// Not cancel safe in the sense that a write already sent may still be applied (while the hold
+    /// is current: the check is Redis's, not this future's).
+    pub async fn atomically(&self, build: impl FnOnce(&mut Tx)) -> Result<Option<Vec<Value>>, Error> {
+        if !self.core.masters.single() {
+            return Err(Error::InvalidConfig(format!(
+                "a guarded write of lock {:?} would span the masters of a MultiLock, and no atomic \
+                 write can: guard the data with a lock of one Redis, or check the fencing token",
+                self.name()
+            )));
+        }
+        let mut tx = Tx::default();
+        build(&mut tx);
+        let keys = tx.keys_in_slot_of(&self.hold.keys.lock, self.name())?;
+        match self.core.guarded(&self.hold, self.gen, keys, tx.args()).await? {
+            Guarded::Applied(replies) => Ok(Some(replies)),
+            Guarded::Declined => Ok(None),
+        }
     }
 
     /// The token already drawn for this hold, if any (see [`fencing_token`](Self::fencing_token)).

@@ -5,6 +5,7 @@
 
 pub(crate) mod client;
 pub(crate) mod guard;
+pub(crate) mod guarded;
 pub(crate) mod latch;
 pub(crate) mod lock;
 pub(crate) mod lock_set;

@@ -310,6 +310,7 @@ pub(crate) struct Scripts {
     pub(crate) force_unlock: Script,
     pub(crate) raise_fence: Script,
     pub(crate) draw_token: Script,
+    pub(crate) guarded: Script,
     pub(crate) inspect: Script,
     pub(crate) latch_set: Script,
     pub(crate) latch_count_down: Script,
@@ -333,6 +334,8 @@ impl Scripts {
             force_unlock: Script::new("force_unlock", with_prelude!("force_unlock.lua")),
             raise_fence: Script::new("raise_fence", include_str!("../../scripts/raise_fence.lua")),
             draw_token: Script::new("draw_token", with_prelude!("draw_token.lua")),
+            // Loaded at its first use (a NOSCRIPT reply): most clients never make one.
+            guarded: Script::new("guarded", include_str!("../../scripts/guarded.lua")),
             inspect: Script::new("inspect", include_str!("../../scripts/inspect.lua")),
             latch_set: Script::new("latch_set", with_prelude!("latch_set.lua")),
             latch_count_down: Script::new("latch_count_down", with_prelude!("latch_count_down.lua")),

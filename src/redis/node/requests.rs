@@ -57,6 +57,24 @@ impl Node {
         }
     }
 
+    /// A guarded write (`scripts/guarded.lua`): checks and commands applied only while the hold
+    /// `field` is in the lock hash `keys`, in one call. `keys` and `args` are the script's after its
+    /// first (the lock) and first (the field). Confirmed by replicas when writes are synced.
+    pub(crate) async fn guarded(
+        &self,
+        lock: &LockKeys,
+        field: &Str,
+        mut keys: Vec<Key>,
+        mut args: Vec<Value>,
+    ) -> Result<Value, Error> {
+        keys.insert(0, Key::from(&lock.lock));
+        args.insert(0, Value::String(field.clone()));
+        let write = self.script_synced::<Value>(&scripts().guarded, keys, args);
+        let reply = self.bounded_on(write, &lock.lock).await?;
+        self.link.check_acked(reply.acked)?;
+        Ok(reply.value)
+    }
+
     /// Publishes a plain lock's release message, for a release whose reply was lost: a lone
     /// release's `PUBLISH` follows its `HDEL`'s reply (see `batch::alone::release_alone`), so an
     /// `HDEL` that ran unanswered freed the lock without a word, and its resend finds nothing to
