@@ -775,3 +775,25 @@ fn a_blocking_fair_lock_and_rw_lock_from_threads() {
     ));
     read.release().unwrap();
 }
+
+/// A blocking guard's guarded write: applied while held, declined by its check with nothing
+/// applied.
+#[test]
+fn a_blocking_guard_writes_atomically_while_held() {
+    let server = RedisServer::start();
+    let client = client(&server);
+    let name = unique_name("guarded");
+    let stock = format!("stock:{{{name}}}");
+    server.cmd(&["SET", &stock, "1"]);
+    let guard = client.lock(&name).acquire().expect("acquire");
+    let sell = |guard: &relock::blocking::LockGuard| {
+        guard.atomically(|tx| {
+            tx.when_at_least(&stock, 1).decr_by(&stock, 1);
+        })
+    };
+    assert_eq!(sell(&guard).unwrap(), Some(vec![fred::types::Value::Integer(0)]));
+    assert_eq!(sell(&guard).unwrap(), None, "sold out");
+    assert_eq!(server.cmd(&["GET", &stock]).as_int(), Some(0));
+    guard.release().expect("release");
+    client.shutdown();
+}

@@ -162,6 +162,18 @@ impl LockGuard {
         self.shared.block_on(self.inner.fencing_token())?
     }
 
+    /// Applies the checks and commands `build` adds to a [`Tx`](crate::Tx) only while this hold
+    /// is current in Redis, in one script call, as
+    /// [`LockGuard::atomically`](crate::LockGuard::atomically): `Ok(None)` if a check declined,
+    /// [`Error::LeaseLost`] with nothing applied if the lock was lost; [`Error::InsideRuntime`]
+    /// inside an async runtime.
+    pub fn atomically(
+        &self,
+        build: impl FnOnce(&mut crate::Tx),
+    ) -> Result<Option<Vec<fred::types::Value>>, Error> {
+        self.shared.block_on(self.inner.atomically(build))?
+    }
+
     /// The reentrancy depth of this owner right after this acquisition (1 for a first acquisition).
     pub fn hold_count(&self) -> u32 {
         self.inner.hold_count()
