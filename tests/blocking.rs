@@ -795,5 +795,5 @@ fn a_blocking_guard_writes_atomically_while_held() {
     assert_eq!(sell(&guard).unwrap(), None, "sold out");
     assert_eq!(server.cmd(&["GET", &stock]).as_int(), Some(0));
     guard.release().expect("release");
-    client.shutdown();
+    client.shutdown().expect("shutdown");
 }
