@@ -242,7 +242,9 @@ impl Cluster {
     pub fn keys_left(&self) -> Vec<String> {
         let mut left = Vec::new();
         for server in self.lock_servers() {
-            for key in crate::support::keys_besides_fences(&[server], "*") {
+            // The guarded writes' lists are the workload's data, not the locks'.
+            let keys = crate::support::keys_besides_fences(&[server], "*");
+            for key in keys.into_iter().filter(|key| !key.starts_with("guarded:")) {
                 let listed = if key.ends_with(":rw:readers") {
                     Some(server.cmd(&["SMEMBERS", &key]))
                 } else if key.ends_with(":fair:queue") {

@@ -133,6 +133,9 @@ pub enum Kind {
         shared: bool,
         permits: u64,
     },
+    /// A guarded write (`LockGuard::atomically`) of the holder with `token`, sent at `t`:
+    /// `applied`, `declined`, `lost` (refused: the hold was not current) or `err:...`.
+    Guarded { token: u64, outcome: String },
     /// The Redis calls the task's last acquisition (or latch wait) sent from its own task while it
     /// ran (`relock_redis_calls_total`, counted per task: see `worker::counted`), written right after
     /// its outcome line.
@@ -187,6 +190,7 @@ impl fmt::Display for Event {
                 Ok(())
             }
             Kind::Calls(calls) => write!(f, "calls {calls}"),
+            Kind::Guarded { token, outcome } => write!(f, "guarded {token} {outcome}"),
         }
     }
 }
@@ -257,6 +261,10 @@ impl Event {
                 permits: n(2).unwrap_or(1),
             },
             "calls" => Kind::Calls(n(0)?),
+            "guarded" => Kind::Guarded {
+                token: n(0)?,
+                outcome: rest.get(1..)?.join(" "),
+            },
             _ => return None,
         };
         Some(Event {
@@ -414,6 +422,8 @@ pub struct Report {
     pub oversell: u64,
     /// (c) accepted writes that overwrote another section's accepted write.
     pub lost_updates: u64,
+    /// (c) guarded writes: applied, and refused because the hold was no longer current.
+    pub guarded: crate::guarded::GuardedReport,
     /// (d) crashes of holders, and how many were not followed by a grant within the bound.
     pub crashes: u64,
     pub liveness_misses: u64,
@@ -439,6 +449,7 @@ impl Report {
             + self.token_regressions
             + self.oversell
             + self.lost_updates
+            + self.guarded.outside
             + self.liveness_misses
             + self.keys_left
             + self.family.violations()
@@ -491,7 +502,7 @@ impl Report {
             "ops {} (granted {}, timed out {}, errors {}, writes accepted {}, stale rejected {}); \
              (a) valid overlaps {} (+{} after faults outside the guarantees); \
              (b) sections past their lease overlapping another {}, stale writes accepted {}, tokens not increasing {} (+{} after faults outside the guarantees, +{} by holders expired when they began); \
-             (c) oversell {}, lost updates {}; \
+             (c) oversell {}, lost updates {}, {}; \
              (d) holder crashes {}, regranted late {}, worst {} ms; ",
             self.acquisitions,
             self.grants,
@@ -508,6 +519,7 @@ impl Report {
             self.token_regressions_expired,
             self.oversell,
             self.lost_updates,
+            self.guarded,
             self.crashes,
             self.liveness_misses,
             self.worst_regrant_ms,
@@ -523,6 +535,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     check_overlaps(&sections, harness, &mut report);
     check_tokens(&sections, harness, &mut report);
     check_store(&sections, harness, &mut report);
+    crate::guarded::check(&locks, harness, &mut report);
     check_liveness(&locks, harness, &mut report);
     crate::family::check(events, harness, &mut report);
     crate::rw::check(events, harness, &mut report);
@@ -597,7 +610,11 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
                     claim(s, *valid_ns);
                 }
             }
-            Kind::Call { .. } | Kind::Reply(_) | Kind::Waiting { .. } | Kind::Calls(_) => {}
+            Kind::Call { .. }
+            | Kind::Reply(_)
+            | Kind::Waiting { .. }
+            | Kind::Calls(_)
+            | Kind::Guarded { .. } => {}
             Kind::Busy => {
                 report.acquisitions += 1;
                 report.busy += 1;

@@ -55,6 +55,7 @@ mod support;
 
 mod cluster;
 mod family;
+mod guarded;
 mod history;
 mod liveness;
 mod nemesis;
@@ -446,6 +447,9 @@ async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u
     assert_eq!(report.violations(), 0, "{summary}");
     if workloads.contains(&Workload::Lock) {
         assert!(report.writes_accepted > 0, "nothing was sold: {summary}");
+        if topology != Topology::Multi {
+            assert!(report.guarded.applied > 0, "no guarded write was applied: {summary}");
+        }
     }
     if workloads.contains(&Workload::Semaphore) {
         assert!(

@@ -497,6 +497,12 @@ async fn sell(
         } else {
             work.await;
         }
+        // A guarded write beside the lock, last (a holder stalled in its work makes it late).
+        if settings.topology != Topology::Multi && token > 0 {
+            let t = now_ns();
+            let outcome = guarded_write(&guard, item, token).await;
+            emit(item, t, Kind::Guarded { token, outcome });
+        }
         let t = now_ns();
         emit(item, t, Kind::Releasing);
         let outcome = match guard.release().await {
@@ -505,6 +511,21 @@ async fn sell(
             Err(err) => format!("err:{}", err.to_string().replace(char::is_whitespace, "_")),
         };
         emit(item, now_ns(), Kind::Release(outcome));
+    }
+}
+
+/// Appends `token` to the item's list beside its lock (`guarded:{item-N}`, the lock's slot), only
+/// while the hold is current: what came of it, as a history line says it.
+async fn guarded_write(guard: &relock::LockGuard, item: u32, token: u64) -> String {
+    let key = format!("guarded:{{item-{item}}}");
+    let write = guard.atomically(|tx| {
+        tx.rpush(&key, &token.to_string());
+    });
+    match write.await {
+        Ok(Some(_)) => "applied".to_string(),
+        Ok(None) => "declined".to_string(),
+        Err(Error::LeaseLost) => "lost".to_string(),
+        Err(err) => format!("err:{}", describe(&err)),
     }
 }
 
