@@ -121,6 +121,7 @@ pub use inspect::{
     ClientInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
 };
 pub use primitives::client::LockClient;
+pub use primitives::election::{Election, Leader, Leadership};
 pub use primitives::guard::LockGuard;
 pub use primitives::guarded::Tx;
 pub use primitives::latch::CountDownLatch;

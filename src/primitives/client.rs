@@ -161,6 +161,15 @@ impl LockClient {
         Semaphore::new(self.core.clone(), name, permits)
     }
 
+    /// The leader election called `name` (see [`Election`](crate::Election)): one leader at a
+    /// time, each with a term larger than the last, renewed by the watchdog while it leads. Its
+    /// lock is the plain lock `election:NAME`, and its keys share that tag. No I/O; the name is
+    /// checked when it is used.
+    pub fn election(&self, name: &str) -> crate::Election {
+        let lock = self.lock(&format!("{}{name}", crate::primitives::election::ELECTION_PREFIX));
+        crate::Election::new(self.core.clone(), lock)
+    }
+
     /// The countdown latch called `name` (see [`CountDownLatch`]). No I/O; the name is checked
     /// when the latch is used.
     pub fn latch(&self, name: &str) -> CountDownLatch {

@@ -165,6 +165,11 @@ impl LockGuard {
         }
     }
 
+    /// The Redis field of this hold's generation (owner and generation).
+    pub(crate) fn field(&self) -> &Str {
+        &self.field
+    }
+
     /// The token already drawn for this hold, if any (see [`fencing_token`](Self::fencing_token)).
     pub(crate) fn drawn_token(&self) -> Option<u64> {
         let st = self.hold.state.lock();

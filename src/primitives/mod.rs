@@ -4,6 +4,7 @@
 //! May use: `engine`, `redis`, `util` and the shared vocabulary.
 
 pub(crate) mod client;
+pub(crate) mod election;
 pub(crate) mod guard;
 pub(crate) mod guarded;
 pub(crate) mod latch;

@@ -311,6 +311,7 @@ pub(crate) struct Scripts {
     pub(crate) raise_fence: Script,
     pub(crate) draw_token: Script,
     pub(crate) guarded: Script,
+    pub(crate) election_leader: Script,
     pub(crate) inspect: Script,
     pub(crate) latch_set: Script,
     pub(crate) latch_count_down: Script,
@@ -336,6 +337,10 @@ impl Scripts {
             draw_token: Script::new("draw_token", with_prelude!("draw_token.lua")),
             // Loaded at its first use (a NOSCRIPT reply): most clients never make one.
             guarded: Script::new("guarded", include_str!("../../scripts/guarded.lua")),
+            election_leader: Script::new(
+                "election_leader",
+                include_str!("../../scripts/election_leader.lua"),
+            ),
             inspect: Script::new("inspect", include_str!("../../scripts/inspect.lua")),
             latch_set: Script::new("latch_set", with_prelude!("latch_set.lua")),
             latch_count_down: Script::new("latch_count_down", with_prelude!("latch_count_down.lua")),

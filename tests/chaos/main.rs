@@ -448,7 +448,10 @@ async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u
     if workloads.contains(&Workload::Lock) {
         assert!(report.writes_accepted > 0, "nothing was sold: {summary}");
         if topology != Topology::Multi {
-            assert!(report.guarded.applied > 0, "no guarded write was applied: {summary}");
+            assert!(
+                report.guarded.applied > 0,
+                "no guarded write was applied: {summary}"
+            );
         }
     }
     if workloads.contains(&Workload::Semaphore) {

@@ -2,6 +2,7 @@
 //! the scripts of the latch and the semaphore, and `SCAN`.
 
 use fred::bytes_utils::Str;
+use std::time::Duration;
 
 use fred::clients::{Client, WithOptions};
 use fred::interfaces::{ClientLike, KeysInterface};
@@ -73,6 +74,31 @@ impl Node {
         let reply = self.bounded_on(write, &lock.lock).await?;
         self.link.check_acked(reply.acked)?;
         Ok(reply.value)
+    }
+
+    /// The leader of an election (`scripts/election_leader.lua`): its term, value and the lease it
+    /// has left, if anyone leads. `lock` is the election's lock hash, `record` the leader's record.
+    pub(crate) async fn election_leader(
+        &self,
+        lock: &Str,
+        record: &Str,
+    ) -> Result<Option<(u64, String, Duration)>, Error> {
+        let keys = vec![Key::from(lock), Key::from(record)];
+        let read = self.script::<Value>(&scripts().election_leader, keys, Vec::new());
+        let reply = self.bounded_on(read, lock).await?;
+        match &reply {
+            Value::Array(parts) if parts.is_empty() => Ok(None),
+            Value::Array(parts) if parts.len() == 3 => {
+                let term = parts[0].as_str().and_then(|t| t.parse::<u64>().ok());
+                let value = parts[1].as_str().map(|v| v.to_string());
+                let ms = parts[2].as_i64().and_then(|ms| u64::try_from(ms).ok());
+                match (term, value, ms) {
+                    (Some(term), Some(value), Some(ms)) => Ok(Some((term, value, Duration::from_millis(ms)))),
+                    _ => Err(Error::unexpected_reply("election_leader", &reply)),
+                }
+            }
+            _ => Err(Error::unexpected_reply("election_leader", &reply)),
+        }
     }
 
     /// Publishes a plain lock's release message, for a release whose reply was lost: a lone
