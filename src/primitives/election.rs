@@ -55,9 +55,10 @@ pub struct Leader {
     pub ttl: Duration,
 }
 
-/// Leading an election: the guard of the election's lock, its term and value. Dropping it resigns
-/// in the background (the lock is released; the record stays until the next leader's, but names a
-/// hold that is gone, so nobody reads it as the leader).
+/// Leading an election: the guard of the election's lock, its term and value. Dropping it steps
+/// down in the background: the lock is released, and the record, which names a hold that is gone,
+/// is read by nobody as the leader; but nothing is announced, so observers learn it when the
+/// lease they saw runs out. [`resign`](Leadership::resign) tells them at once.
 #[must_use = "dropping the leadership resigns at once"]
 #[derive(Debug)]
 pub struct Leadership {
