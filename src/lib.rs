@@ -118,7 +118,8 @@ pub use config::{
 };
 pub use error::Error;
 pub use inspect::{
-    ClientInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
+    ClientInfo, ElectionInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo,
+    SemaphoreInfo, Waiter,
 };
 pub use primitives::client::LockClient;
 pub use primitives::election::{Election, Leader, Leadership};

@@ -1049,3 +1049,52 @@ async fn show_describes_a_read_write_lock_its_readers_and_waiting_writers() {
 fn parse(text: &str) -> serde_json::Value {
     serde_json::from_str(text.trim()).unwrap_or_else(|err| panic!("JSON ({err}): {text}"))
 }
+
+/// `list --elections` and `show` name an election's leader (value, term, lease), as text and JSON;
+/// after a resignation the election is no longer listed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_and_show_describe_an_elections_leader() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let leader = client(&url).await;
+    let name = unique_name("cli-election");
+    let leadership = leader
+        .election(&name)
+        .campaign("10.0.0.7:8080")
+        .await
+        .expect("campaign");
+    let term = leadership.term().to_string();
+    let listed = relock(&["--url", &url, "list", "--elections"], "").await;
+    assert_eq!(code(&listed), Some(0));
+    let cells = row(&stdout(&listed), &name).expect("listed").join(" ");
+    assert!(
+        cells.contains("10.0.0.7:8080") && cells.contains(&term),
+        "{cells}"
+    );
+    let json = relock(&["--url", &url, "--json", "list", "--elections"], "").await;
+    let parsed: serde_json::Value = serde_json::from_str(&stdout(&json)).expect("JSON");
+    let found = parsed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name.as_str())
+        .expect("listed");
+    assert_eq!(found["leader"]["term"].as_u64(), Some(leadership.term()));
+    assert_eq!(found["leader"]["value"], "10.0.0.7:8080");
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(0));
+    assert!(
+        stdout(&shown).contains(&format!("term {term}")),
+        "{}",
+        stdout(&shown)
+    );
+    let shown = relock(&["--url", &url, "--json", "show", &name], "").await;
+    let parsed: serde_json::Value = serde_json::from_str(&stdout(&shown)).expect("JSON");
+    assert_eq!(parsed["election"]["value"], "10.0.0.7:8080");
+    leadership.resign().await.expect("resign");
+    let listed = relock(&["--url", &url, "list", "--elections"], "").await;
+    assert!(row(&stdout(&listed), &name).is_none(), "gone after resigning");
+    let shown = relock(&["--url", &url, "show", &name], "").await;
+    assert_eq!(code(&shown), Some(1), "nothing of that name");
+    leader.shutdown().await;
+}

@@ -195,3 +195,14 @@ pub struct PermitHolder {
     /// The client that holds them, as in [`Holder::client`].
     pub client: Option<ClientInfo>,
 }
+
+/// An election with a leader, as [`LockClient::held_elections`](crate::LockClient::held_elections)
+/// lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ElectionInfo {
+    /// The election's name.
+    pub name: String,
+    /// Its leader.
+    pub leader: crate::Leader,
+}

@@ -31,9 +31,12 @@ mod read;
 mod scan;
 
 pub use crate::redis::identity::ClientInfo;
-pub use info::{FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter};
+pub use info::{
+    ElectionInfo, FairLockInfo, Holder, LockInfo, PermitHolder, ReadHold, RwLockInfo, SemaphoreInfo, Waiter,
+};
 
 use crate::config::check_name;
+use crate::primitives::election::ELECTION_PREFIX;
 use crate::redis::keys::{FairKeys, LockKeys, RwKeys, SemaphoreKeys};
 use crate::redis::node::Node;
 use crate::{Error, LockClient};
@@ -240,6 +243,21 @@ impl LockClient {
         })
         .await?;
         self.with_clients(semaphores).await
+    }
+    /// The elections that have a leader now (see [`election`](LockClient::election)), whose
+    /// names match the Redis glob `pattern` (every one if `None`): found by `SCAN` of the leaders'
+    /// records on every primary, then each leader read as [`Election::leader`](crate::Election::leader)
+    /// reads it, sorted by name. Reads only.
+    pub async fn held_elections(&self, pattern: Option<&str>) -> Result<Vec<ElectionInfo>, Error> {
+        let prefix = self.config().get_key_prefix();
+        let pattern = format!("{ELECTION_PREFIX}{}", pattern.unwrap_or("*"));
+        let names = scan_names(self.node(), prefix, Some(&pattern), &[":leader"]).await?;
+        read_all(names, |lock| async move {
+            let name = lock.strip_prefix(ELECTION_PREFIX).unwrap_or(&lock).to_string();
+            let leader = self.election(&name).leader().await?;
+            Ok(leader.map(|leader| ElectionInfo { name, leader }))
+        })
+        .await
     }
 
     fn node(&self) -> &Node {

@@ -1,10 +1,12 @@
 //! `relock list`: the held locks, or semaphores, fair locks or read-write locks, as a table or a
 //! JSON array.
 
-use relock::{FairLockInfo, LockClient, LockInfo, RwLockInfo, SemaphoreInfo};
+use relock::{ElectionInfo, FairLockInfo, LockClient, LockInfo, RwLockInfo, SemaphoreInfo};
 use serde_json::Value as Json;
 
-use crate::output::{fair_json, info_json, out, owners, rw_json, semaphore_json, table, ttl_text};
+use crate::output::{
+    fair_json, info_json, leader_json, out, owners, rw_json, semaphore_json, table, ttl_text,
+};
 use crate::{Cli, Failure, OK};
 
 /// What `list` prints: one JSON array (`json` per item), or a table under `header`, a row per item
@@ -116,4 +118,25 @@ pub(crate) async fn list_rw(client: &LockClient, cli: &Cli, pattern: Option<&str
         row,
         "no read-write locks written or read",
     )
+}
+
+/// `relock list --elections`: the elections that have a leader.
+pub(crate) async fn list_elections(
+    client: &LockClient,
+    cli: &Cli,
+    pattern: Option<&str>,
+) -> Result<u8, Failure> {
+    let elections = client.held_elections(pattern).await?;
+    let json = |e: &ElectionInfo| serde_json::json!({ "name": e.name, "leader": leader_json(&e.leader) });
+    let row = |e: &ElectionInfo| {
+        Some([
+            e.name.clone(),
+            e.leader.value.clone(),
+            e.leader.term.to_string(),
+            ttl_text(Some(e.leader.ttl)),
+            String::new(),
+        ])
+    };
+    let header = ["NAME", "LEADER", "TERM", "TTL", ""];
+    print_list(cli, &elections, json, header, row, "no election has a leader")
 }

@@ -9,6 +9,7 @@
 //!   --fair                   held fair locks instead (name, holder, hold count, lease left, queued)
 //!   --rw                     read-write locks written or read instead (name, writer, readers,
 //!                            writers waiting, the write lease left)
+//!   --elections              elections with a leader instead (name, leader, term, lease left)
 //! relock show NAME           one lock in detail, and of that name: a latch that is counting, a
 //!                            semaphore (its permits, each holder's permits and lease), a fair lock
 //!                            (its holder and queue) and a read-write lock (its writer, each
@@ -68,7 +69,7 @@ use clap::{Parser, Subcommand};
 use relock::{Error, LockClient, LockConfig};
 
 use exec::{exec, Exec, What};
-use list::{list, list_fair, list_rw, list_semaphores};
+use list::{list, list_elections, list_fair, list_rw, list_semaphores};
 use output::redact;
 use show::show;
 use unlock::{unlock, Kind};
@@ -144,8 +145,11 @@ enum Command {
         /// Only locks whose name matches this Redis glob (*, ?, [abc]).
         pattern: Option<String>,
         /// List the semaphores with permits held instead: name, permits, held, free, holders.
-        #[arg(long, conflicts_with_all = ["fair", "rw"])]
+        #[arg(long, conflicts_with_all = ["fair", "rw", "elections"])]
         semaphores: bool,
+        /// List the elections that have a leader instead: name, leader's value, term, lease left.
+        #[arg(long, conflicts_with_all = ["fair", "rw"])]
+        elections: bool,
         /// List the held fair locks instead: name, holder, hold count, lease left, waiters queued.
         #[arg(long, conflicts_with = "rw")]
         fair: bool,
@@ -326,11 +330,14 @@ async fn dispatch(client: &LockClient, cli: &Cli) -> Result<u8, Failure> {
         Command::List {
             pattern,
             semaphores,
+            elections,
             fair,
             rw,
         } => {
             let pattern = pattern.as_deref();
-            if *semaphores {
+            if *elections {
+                list_elections(client, cli, pattern).await
+            } else if *semaphores {
                 list_semaphores(client, cli, pattern).await
             } else if *fair {
                 list_fair(client, cli, pattern).await

@@ -173,6 +173,15 @@ pub(crate) fn holder_name(holder: &Holder) -> String {
     format!("{}:{}", holder.client_id, holder.owner)
 }
 
+/// An election's leader as JSON: its value, term and lease left in ms.
+pub(crate) fn leader_json(leader: &relock::Leader) -> Json {
+    serde_json::json!({
+        "value": leader.value,
+        "term": leader.term,
+        "ttl_ms": u64::try_from(leader.ttl.as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
 pub(crate) fn ttl_text(ttl: Option<Duration>) -> String {
     match ttl {
         Some(ttl) => format!("{:.1}s", ttl.as_secs_f64()),

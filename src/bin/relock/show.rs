@@ -1,10 +1,11 @@
-//! `relock show`: one name's lock, counting latch, semaphore, fair lock and read-write lock, in
-//! detail.
+//! `relock show`: one name's lock, counting latch, semaphore, fair lock, read-write lock and
+//! election, in detail.
 
 use relock::LockClient;
 
 use crate::output::{
-    detail, fair_detail, fair_json, info_json, out, rw_detail, rw_json, semaphore_detail, semaphore_json,
+    detail, fair_detail, fair_json, info_json, leader_json, out, rw_detail, rw_json, semaphore_detail,
+    semaphore_json, ttl_text,
 };
 use crate::{Cli, Failure, NOT_FOUND, OK};
 
@@ -16,13 +17,15 @@ pub(crate) async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u
     let semaphore = client.inspect_semaphore(name).await?;
     let fair = client.inspect_fair_lock(name).await?;
     let rw = client.inspect_rw_lock(name).await?;
-    if info.is_none() && latch == 0 && semaphore.is_none() && fair.is_none() && rw.is_none() {
+    let election = client.election(name).leader().await?;
+    let none = info.is_none() && latch == 0 && semaphore.is_none() && fair.is_none() && rw.is_none();
+    if none && election.is_none() {
         if cli.json {
             out("null")?;
         }
         eprintln!(
             "relock: lock {name:?} is not held (and no latch of that name is counting, and there is \
-             no semaphore, fair lock or read-write lock of that name)"
+             no semaphore, fair lock, read-write lock or led election of that name)"
         );
         return Ok(NOT_FOUND);
     }
@@ -44,6 +47,9 @@ pub(crate) async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u
         if let Some(rw) = &rw {
             object["rw_lock"] = rw_json(rw);
         }
+        if let Some(leader) = &election {
+            object["election"] = leader_json(leader);
+        }
         out(&object.to_string())?;
         return Ok(OK);
     }
@@ -62,6 +68,14 @@ pub(crate) async fn show(client: &LockClient, cli: &Cli, name: &str) -> Result<u
     }
     if let Some(rw) = &rw {
         parts.push(rw_detail(rw));
+    }
+    if let Some(leader) = &election {
+        parts.push(format!(
+            "election {name}: led by {:?}, term {}, lease left {}",
+            leader.value,
+            leader.term,
+            ttl_text(Some(leader.ttl))
+        ));
     }
     out(&parts.join("\n\n"))?;
     Ok(OK)
