@@ -40,12 +40,7 @@ impl Core {
         if !current(hold) {
             return Err(Error::LeaseLost);
         }
-        // In order with the hold's releases; handoffs Redis has not recorded are recorded first
-        // (Redis then names this hold).
-        let _ops = hold.ops.clone().lock_owned().await;
-        if self.hands_over(&hold.keys) {
-            self.record_owed(hold).await;
-        }
+        let _ops = self.named_in_redis(hold).await;
         if !current(hold) {
             return Err(Error::LeaseLost);
         }

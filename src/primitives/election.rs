@@ -138,7 +138,6 @@ impl Election {
             subscription,
             armed: Some(armed),
             last: None,
-            first: true,
         };
         futures::stream::unfold(state, |mut state| async move {
             let item = state.next_change().await;
@@ -164,9 +163,8 @@ struct Observer {
     subscription: crate::redis::waiters::Subscription,
     /// Armed before each read, so that an announcement between the read and the wait is kept.
     armed: Option<crate::redis::waiters::Armed>,
-    /// The last state yielded (its term, or 0 for nobody).
+    /// The last state yielded (its term, or 0 for nobody); `None` before the first.
     last: Option<u64>,
-    first: bool,
 }
 
 impl Observer {
@@ -185,8 +183,7 @@ impl Observer {
                 }
             };
             let term = state.as_ref().map_or(0, |leader| leader.term);
-            if self.first || self.last != Some(term) {
-                self.first = false;
+            if self.last != Some(term) {
                 self.last = Some(term);
                 self.armed = Some(armed);
                 return Ok(state);

@@ -65,17 +65,7 @@ pub use server::{free_port, spawn_redis, spawn_tied, Server};
 /// renewal interval and two command timeouts.
 pub async fn lose(guard: &LockGuard) -> Result<(), Error> {
     let (core, hold) = guard.engine_parts();
-    let mut error = None;
-    let mut removed = false;
-    for node in &core.masters.nodes {
-        match node.force_unlock(&hold.keys).await {
-            Ok(r) => removed |= r,
-            Err(err) => error = Some(err),
-        }
-    }
-    if let (Some(err), false) = (error, removed) {
-        return Err(err);
-    }
+    crate::primitives::lock::remove(core, &hold.keys).await?;
     core.renew_now();
     let bound = core.config.get_renew_interval() + 2 * core.config.get_command_timeout();
     tokio::time::timeout(bound, guard.lost())

@@ -253,7 +253,7 @@ fn duration(arg: &str) -> Result<Duration, String> {
             .map_err(|err| format!("not a duration (like 500ms, 2s or 1m): {arg:?}: {err}"))?,
     };
     if !(Duration::from_millis(1)..=Duration::from_secs(3600)).contains(&duration) {
-        return Err("the timeout must be 1ms to 1h".into());
+        return Err("a duration must be 1ms to 1h".into());
     }
     Ok(duration)
 }
@@ -263,8 +263,7 @@ fn wait(arg: &str) -> Result<Duration, String> {
     if arg.trim().parse::<f64>() == Ok(0.0) {
         return Ok(Duration::ZERO);
     }
-    let wait = duration(arg).map_err(|err| err.replace("the timeout must be", "the wait must be"))?;
-    Ok(wait)
+    duration(arg)
 }
 
 fn main() -> ExitCode {

@@ -360,10 +360,7 @@ impl Core {
         if let Some(known) = drawn(hold) {
             return known;
         }
-        let _ops = hold.ops.clone().lock_owned().await;
-        if self.hands_over(&hold.keys) {
-            self.record_owed(hold).await;
-        }
+        let _ops = self.named_in_redis(hold).await;
         if let Some(known) = drawn(hold) {
             return known;
         }

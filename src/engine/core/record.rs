@@ -39,6 +39,20 @@ impl Core {
 }
 
 impl Core {
+    /// Takes `hold`'s operations (in order with its releases), after recording in Redis any
+    /// handoffs of its lock that Redis has not recorded yet, so that Redis names this hold: what a
+    /// call that checks the hold's field in Redis needs first.
+    pub(crate) async fn named_in_redis(
+        self: &Arc<Self>,
+        hold: &Arc<Hold>,
+    ) -> tokio::sync::OwnedMutexGuard<()> {
+        let ops = hold.ops.clone().lock_owned().await;
+        if self.hands_over(&hold.keys) {
+            self.record_owed(hold).await;
+        }
+        ops
+    }
+
     /// Records in Redis that `to` (its generation, field, token and lease as its state says) holds the lock that Redis holds for `from` (`scripts/transfer_granted.lua`), raising
     /// the fence by the reserve for the next unrecorded handoffs. `to` was granted already
     /// (pending): Redis's answer extends its lease, or ends it as lost (`Ok(false)`: refused). If

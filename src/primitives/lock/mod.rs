@@ -234,28 +234,7 @@ impl Lock {
     /// the fencing token is for.
     pub async fn force_unlock(&self) -> Result<bool, Error> {
         check_name(&self.name)?;
-        let removals = self
-            .core
-            .masters
-            .nodes
-            .iter()
-            .map(|node| node.force_unlock(&self.keys));
-        let mut removed = false;
-        let mut error = None;
-        for result in futures::future::join_all(removals).await {
-            match result {
-                Ok(r) => removed |= r,
-                Err(err @ Error::WrongType(_)) => return Err(err),
-                Err(err) => error = Some(err),
-            }
-        }
-        match error {
-            Some(err) if !removed => Err(err),
-            _ => {
-                tracing::info!(lock = %self.name, removed, "lock force-unlocked");
-                Ok(removed)
-            }
-        }
+        remove(&self.core, &self.keys).await
     }
 
     /// The engine this lock runs on.
@@ -316,6 +295,29 @@ impl Lock {
             .and_then(LockGuard::drawn_token);
         report.finish(Outcome::of(&result), token);
         result
+    }
+}
+
+/// Removes the lock of `keys` on every master, whoever holds it (see [`Lock::force_unlock`]):
+/// whether any had it. A master's error counts only where none removed it; a key of another type
+/// fails at once.
+pub(crate) async fn remove(core: &Core, keys: &LockKeys) -> Result<bool, Error> {
+    let removals = core.masters.nodes.iter().map(|node| node.force_unlock(keys));
+    let mut removed = false;
+    let mut error = None;
+    for result in futures::future::join_all(removals).await {
+        match result {
+            Ok(r) => removed |= r,
+            Err(err @ Error::WrongType(_)) => return Err(err),
+            Err(err) => error = Some(err),
+        }
+    }
+    match error {
+        Some(err) if !removed => Err(err),
+        _ => {
+            tracing::info!(lock = %keys.name, removed, "lock force-unlocked");
+            Ok(removed)
+        }
     }
 }
 
