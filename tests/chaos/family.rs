@@ -53,11 +53,11 @@ pub fn latch_name(i: u32) -> String {
     format!("latch-{i}")
 }
 
-fn emit(worker: u32, task: u32, on: On, item: u32, kind: Kind) {
+pub fn emit(worker: u32, task: u32, on: On, item: u32, kind: Kind) {
     emit_at(worker, task, on, item, now_ns(), kind);
 }
 
-fn emit_at(worker: u32, task: u32, on: On, item: u32, t: u64, kind: Kind) {
+pub fn emit_at(worker: u32, task: u32, on: On, item: u32, t: u64, kind: Kind) {
     let event = Event {
         worker,
         task,

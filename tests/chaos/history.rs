@@ -54,6 +54,8 @@ pub enum On {
     Rw,
     /// A fair lock (`rw.rs`).
     Fair,
+    /// An election's leadership (`election.rs`).
+    Election,
 }
 
 impl On {
@@ -65,6 +67,7 @@ impl On {
             On::Latch => "l",
             On::Rw => "w",
             On::Fair => "f",
+            On::Election => "e",
         }
     }
 }
@@ -207,6 +210,7 @@ impl Event {
             Some(b'l') => (On::Latch, &item[1..]),
             Some(b'w') => (On::Rw, &item[1..]),
             Some(b'f') => (On::Fair, &item[1..]),
+            Some(b'e') => (On::Election, &item[1..]),
             _ => (On::Lock, item),
         };
         let item = item.parse().ok()?;
@@ -434,6 +438,8 @@ pub struct Report {
     pub family: crate::family::FamilyReport,
     /// (h), (i) the read-write lock's and the fair lock's checks.
     pub rw: crate::rw::RwReport,
+    /// Elections: at most one valid leader at a time, and terms that rise.
+    pub election: crate::election::ElectionReport,
     /// (j), (k), (l) the waiters' liveness, of every primitive.
     pub live: crate::liveness::LivenessReport,
     pub examples: Vec<String>,
@@ -454,6 +460,7 @@ impl Report {
             + self.keys_left
             + self.family.violations()
             + self.rw.violations()
+            + self.election.violations()
             + self.live.violations()
     }
 
@@ -484,6 +491,9 @@ impl fmt::Display for Report {
         }
         if !self.rw.is_empty() {
             write!(f, "{}; ", self.rw)?;
+        }
+        if self.election.campaigns > 0 {
+            write!(f, "{}; ", self.election)?;
         }
         write!(f, "{}; ", self.live)?;
         write!(
@@ -539,6 +549,7 @@ pub fn check(events: &[Event], harness: &Harness) -> Report {
     check_liveness(&locks, harness, &mut report);
     crate::family::check(events, harness, &mut report);
     crate::rw::check(events, harness, &mut report);
+    crate::election::check(events, harness, &mut report);
     crate::liveness::check(events, harness, &mut report);
     report
 }
@@ -668,7 +679,7 @@ pub fn sections(events: &[Event], harness: &Harness, report: &mut Report) -> Vec
     done
 }
 
-fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) {
+pub fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) {
     let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
     for s in sections {
         by_item.entry(s.item).or_default().push(s);
@@ -716,7 +727,7 @@ fn check_overlaps(sections: &[Section], harness: &Harness, report: &mut Report) 
 /// (a process stopped between the grant and its record), and the fenced store rejects what it does.
 /// A plain lock's token is drawn after its grant, while the hold still holds the lock: every holder
 /// that ended before this one began drew its own before then.
-fn check_tokens(sections: &[Section], harness: &Harness, report: &mut Report) {
+pub fn check_tokens(sections: &[Section], harness: &Harness, report: &mut Report) {
     let mut by_item: BTreeMap<u32, Vec<&Section>> = BTreeMap::new();
     for s in sections {
         by_item.entry(s.item).or_default().push(s);

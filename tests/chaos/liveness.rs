@@ -74,6 +74,7 @@ fn name(on: On) -> &'static str {
         On::Latch => "latch",
         On::Rw => "rw",
         On::Fair => "fair",
+        On::Election => "election",
     }
 }
 
@@ -571,7 +572,7 @@ pub fn check(events: &[Event], harness: &Harness, report: &mut Report) {
     let mut holds: BTreeMap<(On, u32), Vec<Hold>> = BTreeMap::new();
     let mut ghosts: BTreeMap<(On, u32), Vec<Hold>> = BTreeMap::new();
     let mut by_item: BTreeMap<(On, u32), Vec<&Wait>> = BTreeMap::new();
-    for on in [On::Lock, On::Semaphore, On::Rw, On::Fair] {
+    for on in [On::Lock, On::Semaphore, On::Rw, On::Fair, On::Election] {
         let lines: Vec<Event> = events.iter().filter(|e| e.on == on).cloned().collect();
         if lines.is_empty() {
             continue;
@@ -1027,7 +1028,7 @@ mod tests {
 
     #[test]
     fn the_checker_finds_a_waiter_that_polls() {
-        for on in [On::Lock, On::Semaphore, On::Rw, On::Fair] {
+        for on in [On::Lock, On::Semaphore, On::Rw, On::Fair, On::Election] {
             // A wait of 1.9 s with one release in it: 5 calls are what its wake-ups explain.
             let report = check(&one_waiter(on, 2000 * MS, 5), &harness());
             let polling = &report.live.polling[&on];
@@ -1124,7 +1125,7 @@ mod tests {
 
     #[test]
     fn the_checker_finds_a_waiter_granted_late() {
-        for on in [On::Lock, On::Semaphore, On::Rw, On::Fair] {
+        for on in [On::Lock, On::Semaphore, On::Rw, On::Fair, On::Election] {
             // Freed at 1001 ms (the release's answer), granted 20 ms later: fine.
             let report = check(&one_waiter(on, 1021 * MS, 3), &harness());
             let wakes = &report.live.wakes[&on];

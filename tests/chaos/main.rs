@@ -35,6 +35,10 @@
 //! (`rw::FAIR_SLACK`), and for (a) on the fair lock's own sections. The read-write lock alone also
 //! runs short on five masters with `MultiLock` (`chaos_rw_multilock_five_masters`).
 //!
+//! Elections run in the same runs (see `election.rs`): each worker client campaigns in `election-i`,
+//! leads a while and resigns, checked for at most one valid leader at a time and terms that rise
+//! (the lock's (a) and (b), on the leaderships).
+//!
 //! `RELOCK_CHAOS_THINK_MS` also bounds a short permit or read-write hold (4 times it);
 //! `RELOCK_CHAOS_SEED` replays a family run's schedule as it does a lock run's.
 //!
@@ -54,6 +58,7 @@
 mod support;
 
 mod cluster;
+mod election;
 mod family;
 mod guarded;
 mod history;
@@ -470,6 +475,9 @@ async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u
             "no read or no write was granted: {summary}"
         );
     }
+    if workloads.contains(&Workload::Election) {
+        assert!(report.election.terms > 0, "nobody led: {summary}");
+    }
     if workloads.contains(&Workload::Fair) {
         // The rule had something to judge: waiters that arrived apart, granted in order.
         assert!(
@@ -533,9 +541,15 @@ async fn chaos_cluster_with_synced_replicas() {
 }
 
 /// The family's workloads that share the short runs on one Redis and on a primary with a replica.
-const FAMILY: &[Workload] = &[Workload::Semaphore, Workload::Latch, Workload::Rw, Workload::Fair];
+const FAMILY: &[Workload] = &[
+    Workload::Semaphore,
+    Workload::Latch,
+    Workload::Rw,
+    Workload::Fair,
+    Workload::Election,
+];
 
-/// The semaphore, the latch, the read-write lock and the fair lock on one Redis, in one run (their
+/// The semaphore, the latch, the read-write lock, the fair lock and elections on one Redis, in one run (their
 /// tasks share the worker processes and the faults): (f) valid permits never over N and none
 /// missing at the end, (g) no waiter released before its round's count could have reached zero,
 /// (h) no valid write section overlapping another valid section of its read-write lock, (i) live

@@ -30,6 +30,8 @@ pub enum Workload {
     Rw,
     /// Wait in line for fair locks.
     Fair,
+    /// Campaign in elections, lead a while, resign.
+    Election,
 }
 
 impl Workload {
@@ -40,6 +42,7 @@ impl Workload {
             Workload::Latch => "latch",
             Workload::Rw => "rw",
             Workload::Fair => "fair",
+            Workload::Election => "election",
         }
     }
 
@@ -50,6 +53,7 @@ impl Workload {
             Workload::Latch,
             Workload::Rw,
             Workload::Fair,
+            Workload::Election,
         ]
         .into_iter()
         .find(|w| w.name() == name)
@@ -344,6 +348,14 @@ pub async fn run(settings: Settings) {
                 let run = rw::wait_in_line(settings.clone(), task, rng(task), fair, stop.clone());
                 tasks.push(tokio::spawn(run));
             }
+        }
+    }
+    // The elections' tasks number from 500, one per client.
+    if settings.workloads.contains(&Workload::Election) {
+        for (c, locks) in clients.iter().enumerate() {
+            let task = 500 + c as u32;
+            let run = crate::election::campaign(settings.clone(), task, rng(task), one(locks), stop.clone());
+            tasks.push(tokio::spawn(run));
         }
     }
     for task in tasks {
