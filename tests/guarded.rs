@@ -1,7 +1,8 @@
 //! Guarded writes (`LockGuard::atomically`) against real servers: applied only while the hold is
 //! current, declined by their checks with nothing applied, refused with nothing applied once the
 //! lock was lost (known here, or only in Redis), and refused before any I/O for keys of another
-//! slot and for a MultiLock; on a cluster, also after the lock's slot moved.
+//! slot and for a MultiLock; a write held up in the network past its lease is refused by Redis; on
+//! a cluster, also after the lock's slot moved, and after a lease ran out across a move.
 
 mod support;
 
@@ -135,6 +136,50 @@ async fn a_holder_paused_past_its_lease_writes_nothing() {
     b.shutdown().await;
 }
 
+/// A holder whose write is held up in the network past its lease, while another client takes the
+/// lock: Redis refuses the write when it arrives, and nothing changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_delayed_past_the_lease_is_refused_by_redis() {
+    let server = RedisServer::start();
+    let proxy = relock::testing::Proxy::start(server.port()).await;
+    let name = unique_name("delayed");
+    let stock_key = format!("stock:{{{name}}}");
+    server.cmd(&["SET", &stock_key, "10"]);
+    let (a, b) = (client(&proxy.url()).await, client(&server.url()).await);
+    let lease = Duration::from_millis(600);
+    let stale = a.lock(&name).lease(lease).acquire().await.unwrap();
+    // The write leaves while the hold is valid, and reaches Redis two seconds later.
+    proxy.delay_request_once(stock_key.as_bytes(), Duration::from_millis(2000));
+    let key = stock_key.clone();
+    let sent = tokio::time::Instant::now();
+    let write = tokio::spawn(async move {
+        let result = stale.atomically(|tx| {
+            tx.decr_by(&key, 1);
+        });
+        (result.await, stale)
+    });
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let before_b = server.script_calls();
+    let current = b.lock(&name).acquire().await.unwrap();
+    let before_write = server.script_calls();
+    // The stale guard is kept: its release on drop is a script call too.
+    let (result, _stale) = write.await.unwrap();
+    assert!(matches!(result, Err(Error::LeaseLost)), "{result:?}");
+    assert!(before_write > before_b, "the other client took the lock first");
+    // Refused by Redis, not here: the answer waited for the delayed request.
+    assert!(
+        sent.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        sent.elapsed()
+    );
+    assert!(server.script_calls() > before_write, "the write reached Redis");
+    assert_eq!(stock(&server, &stock_key), Some(10), "nothing applied");
+    assert!(current.is_held());
+    current.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// A key of another slot, and a MultiLock's guard: refused before any I/O, nothing changed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_of_another_slot_and_multilocks_are_refused_before_any_io() {
@@ -220,6 +265,30 @@ async fn on_a_cluster_the_write_follows_a_resharded_slot() {
     assert!(matches!(write.await, Err(Error::LeaseLost)));
     let stock = cluster.primary_of_slot(slot).cmd(&["GET", &stock_key]).as_int();
     assert_eq!(stock, Some(3), "nothing applied");
+    current.release().await.unwrap();
+    // A holder with a fixed lease: the slot moves back during the lease, the lease runs out, another
+    // client takes the lock on the slot's new primary, and the holder's write changes nothing.
+    let stale = a
+        .lock(&name)
+        .lease(Duration::from_millis(800))
+        .acquire()
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| {
+        let from = cluster.nodes.iter().find(|n| n.port() == from).unwrap();
+        cluster.move_slot(slot, from);
+    });
+    let current = b.lock(&name).acquire().await.unwrap();
+    let write = stale.atomically(|tx| {
+        tx.decr_by(&stock_key, 1);
+    });
+    assert!(matches!(write.await, Err(Error::LeaseLost)));
+    let stock = cluster.primary_of_slot(slot).cmd(&["GET", &stock_key]).as_int();
+    assert_eq!(
+        stock,
+        Some(3),
+        "nothing applied after the move and the lease's end"
+    );
     current.release().await.unwrap();
     a.shutdown().await;
     b.shutdown().await;
