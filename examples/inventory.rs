@@ -5,7 +5,7 @@
 
 mod support;
 
-use fred::interfaces::KeysInterface;
+use fred::interfaces::{ClientLike, KeysInterface};
 use relock::{LockClient, LockConfig};
 
 const STOCK: i64 = 50;
@@ -22,7 +22,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let orders_key = format!("orders:{{{sku}}}");
 
     let admin = fred::clients::Client::new(fred::prelude::Config::from_url(&url)?, None, None, None);
-    fred::interfaces::ClientLike::init(&admin).await?;
+    admin.init().await?;
     let _: () = admin.set(&stock_key, STOCK, None, None, false).await?;
     println!(
         "{STOCK} units of {sku} in stock; {} buyers want one each",
@@ -62,7 +62,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         sold += i64::from(buyer.await?.map_err(|e| e.to_string())?);
     }
     let left: i64 = admin.get(&stock_key).await?;
-    let orders: i64 = fred::interfaces::ListInterface::llen(&admin, &orders_key).await?;
+    let llen = fred::types::CustomCommand::new_static("LLEN", fred::types::ClusterHash::FirstKey, false);
+    let orders: i64 = admin.custom(llen, vec![orders_key.as_str()]).await?;
     println!("sold {sold}, {left} left in stock, {orders} orders recorded");
     for client in &clients {
         client.shutdown().await;

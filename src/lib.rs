@@ -68,7 +68,7 @@
 //!   `cli`) prints them, force-unlocks and watches a lock.
 //! - **Blocking code**: [`blocking`] wraps the API for threads outside any runtime.
 //!
-//! Features: `tls-rustls` (default) or `tls-native` for `rediss://`; `metrics`; `cli`; `testing`
+//! Features (none by default): `tls-rustls` or `tls-native` for `rediss://`; `metrics`; `cli`; `testing`
 //! ([`testing`]: throwaway servers and faults for your own tests).
 
 #![warn(missing_docs)]
