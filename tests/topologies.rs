@@ -260,6 +260,80 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
         "after a move away and back, woken only after {woken:?}"
     );
     guard.release().await.unwrap();
+
+    // A move whose nodes take the new owner one after another, seconds apart, onto the primary
+    // with the cluster's largest config epoch (so no epoch rises): the node the waiter subscribed
+    // on drops the subscription when it takes the new owner, and only the slot map tells.
+    let seed = cluster.nodes[0].port();
+    let home = cluster.primary_of_slot(slot).port();
+    let cluster = tokio::task::spawn_blocking(move || {
+        let node = |port: u16| cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+        if home == seed {
+            let away = cluster
+                .primaries()
+                .into_iter()
+                .find(|p| p.port() != seed)
+                .unwrap()
+                .port();
+            cluster.move_slot(slot, node(away));
+        }
+        let to = cluster
+            .primaries()
+            .into_iter()
+            .find(|p| p.port() != seed && p.port() != cluster.primary_of_slot(slot).port())
+            .unwrap()
+            .port();
+        node(to).cmd(&["CLUSTER", "BUMPEPOCH"]);
+        cluster.wait_until(Duration::from_secs(20), "settled", |c| c.settled());
+        (cluster, to)
+    })
+    .await
+    .unwrap();
+    let (cluster, to) = cluster;
+    // The waiter's scans have seen the epoch rise (and the scan after it) by now.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let held = a
+        .lock(&name)
+        .lease(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = waiter_for(&b, &name);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let from = cluster.primary_of_slot(slot).port();
+    let node = |port: u16| cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+    let id = |port: u16| node(port).cmd(&["CLUSTER", "MYID"]).as_str().unwrap().to_string();
+    let (from_id, to_id, slot_arg) = (id(from), id(to), slot.to_string());
+    node(to).cmd(&["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &from_id]);
+    node(from).cmd(&["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &to_id]);
+    let to_port = to.to_string();
+    if let support::Reply::Array(keys) = node(from).cmd(&["CLUSTER", "GETKEYSINSLOT", &slot_arg, "100"]) {
+        let keys: Vec<&str> = keys.iter().filter_map(support::Reply::as_str).collect();
+        if !keys.is_empty() {
+            let mut migrate = vec!["MIGRATE", "127.0.0.1", &to_port, "", "0", "5000", "KEYS"];
+            migrate.extend(keys);
+            node(from).cmd(&migrate);
+        }
+    }
+    node(seed).cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    node(from).cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+    node(to).cmd(&["CLUSTER", "SETSLOT", &slot_arg, "NODE", &to_id]);
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.wait_until(Duration::from_secs(20), "settled", |c| c.settled());
+        cluster
+    })
+    .await
+    .unwrap();
+    assert_eq!(cluster.primary_of_slot(slot).port(), to, "moved");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(held.is_held() && !waiter.is_finished());
+    let (woken, guard) = granted_after_release(held, waiter).await;
+    assert!(
+        woken < Duration::from_millis(1500),
+        "after a move taken node by node, woken only after {woken:?}"
+    );
+    guard.release().await.unwrap();
     a.shutdown().await;
     b.shutdown().await;
 }
