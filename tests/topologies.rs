@@ -147,18 +147,29 @@ fn waiter_for(client: &LockClient, name: &str) -> tokio::task::JoinHandle<(Insta
     })
 }
 
-/// Releases `held`; how long after that `waiter` was granted, and its guard.
-async fn granted_after_release(
+/// Checks that `waiter` still waits on the lock `held` holds, releases it, and that the release
+/// message woke the waiter (within 1.5 s: the lease it saw is longer), then releases its guard.
+async fn woken_by_the_release(
     held: relock::LockGuard,
     waiter: tokio::task::JoinHandle<(Instant, relock::LockGuard)>,
-) -> (Duration, relock::LockGuard) {
+    when: &str,
+) {
+    assert!(
+        held.is_held() && !waiter.is_finished(),
+        "{when}: not held, or granted while held"
+    );
     let released = Instant::now();
     held.release().await.unwrap();
     let (granted, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
-        .expect("waiter never granted")
+        .unwrap_or_else(|_| panic!("{when}: the waiter was never granted"))
         .unwrap();
-    (granted - released, guard)
+    let woken = granted - released;
+    assert!(
+        woken < Duration::from_millis(1500),
+        "{when}: woken only after {woken:?}"
+    );
+    guard.release().await.unwrap();
 }
 
 /// Resharding a held lock: its slot moves to another primary. The lock stays held and renewed, the
@@ -213,9 +224,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
 
     // The lease left at the release is at least two thirds of it (renewed every third): waking
     // well before that is the release message at work.
-    let (woken, guard) = granted_after_release(held, waiter).await;
-    assert!(woken < Duration::from_millis(1500), "woken only after {woken:?}");
-    guard.release().await.unwrap();
+    woken_by_the_release(held, waiter, "after a move").await;
     assert!(
         support::cluster_lock_keys(&cluster).is_empty(),
         "left behind: {:?}",
@@ -253,13 +262,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     assert_eq!(cluster.primary_of_slot(slot).port(), home, "moved back");
     // Two scans of the slot map: then the release.
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(held.is_held() && !waiter.is_finished());
-    let (woken, guard) = granted_after_release(held, waiter).await;
-    assert!(
-        woken < Duration::from_millis(1500),
-        "after a move away and back, woken only after {woken:?}"
-    );
-    guard.release().await.unwrap();
+    woken_by_the_release(held, waiter, "after a move away and back").await;
 
     // A move whose nodes take the new owner one after another, seconds apart, onto the primary
     // with the cluster's largest config epoch (so no epoch rises): the node the waiter subscribed
@@ -327,13 +330,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     .unwrap();
     assert_eq!(cluster.primary_of_slot(slot).port(), to, "moved");
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert!(held.is_held() && !waiter.is_finished());
-    let (woken, guard) = granted_after_release(held, waiter).await;
-    assert!(
-        woken < Duration::from_millis(1500),
-        "after a move taken node by node, woken only after {woken:?}"
-    );
-    guard.release().await.unwrap();
+    woken_by_the_release(held, waiter, "after a move taken node by node").await;
     a.shutdown().await;
     b.shutdown().await;
 }

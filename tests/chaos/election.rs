@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use relock::{Error, LockClient};
 
-use crate::family::{emit, emit_at};
+use crate::family::{emit, emit_at, hold_for};
 use crate::history::{check_overlaps, check_tokens, now_ns, sections, Event, Harness, Kind, On, Report};
 use crate::worker::{counted, describe, hold_plan, Settings};
 use crate::Rng;
@@ -125,18 +125,8 @@ pub async fn campaign(
         emit(Kind::Calls(calls));
         let long = rng.below(4) == 0;
         let (hold, steps) = hold_plan(&mut rng, &settings, long);
-        let work = async {
-            let until = tokio::time::Instant::now() + hold;
-            for step in steps {
-                tokio::time::sleep(step).await;
-                let t = now_ns();
-                let valid_ns = leadership.guard().validity().as_nanos() as u64;
-                emit_at(id, task, On::Election, item, t, Kind::Holding { valid_ns });
-                if tokio::time::Instant::now() >= until {
-                    return;
-                }
-            }
-        };
+        let validity = || leadership.guard().validity();
+        let work = hold_for(id, task, On::Election, item, hold, steps, validity);
         if careful {
             if leadership.until_lost(work).await.is_err() {
                 emit(Kind::Lost);

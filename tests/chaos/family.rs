@@ -128,18 +128,7 @@ pub async fn hold_permits(
         );
         emit(Kind::Calls(calls));
         let (hold, steps) = hold_plan(&mut rng, &settings, long);
-        let work = async {
-            let until = tokio::time::Instant::now() + hold;
-            for step in steps {
-                tokio::time::sleep(step).await;
-                let t = now_ns();
-                let valid_ns = permit.validity().as_nanos() as u64;
-                emit_at(id, task, On::Semaphore, item, t, Kind::Holding { valid_ns });
-                if tokio::time::Instant::now() >= until {
-                    return;
-                }
-            }
-        };
+        let work = hold_for(id, task, On::Semaphore, item, hold, steps, || permit.validity());
         if careful {
             if permit.until_lost(work).await.is_err() {
                 emit(Kind::Lost);
@@ -155,6 +144,30 @@ pub async fn hold_permits(
             Err(err) => format!("err:{}", describe(&err)),
         };
         emit(Kind::Release(outcome));
+    }
+}
+
+/// A hold's work: sleeps through `steps` (until `hold` has passed), writing at each step what
+/// is left of the hold's validity (the clock first, so that the claim can only err on the short
+/// side).
+pub async fn hold_for(
+    worker: u32,
+    task: u32,
+    on: On,
+    item: u32,
+    hold: Duration,
+    steps: Vec<Duration>,
+    validity: impl Fn() -> Duration,
+) {
+    let until = tokio::time::Instant::now() + hold;
+    for step in steps {
+        tokio::time::sleep(step).await;
+        let t = now_ns();
+        let valid_ns = validity().as_nanos() as u64;
+        emit_at(worker, task, on, item, t, Kind::Holding { valid_ns });
+        if tokio::time::Instant::now() >= until {
+            return;
+        }
     }
 }
 
