@@ -229,6 +229,53 @@ async fn a_waiter_short_of_permits_passes_a_release_on() {
     drop(two);
 }
 
+/// A waiter that a release woke, but whose bound ends before its attempt is answered (here the
+/// attempt is held up on its way), passes the wake-up on: the next waiter of its client gets the
+/// permit at once, not at the end of the holder's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_woken_waiter_that_runs_out_of_time_passes_the_release_on() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port()).await;
+    let holder = client(&server.url(), LockConfig::default()).await;
+    let name = unique_name("ran-out");
+    let permit = holder.semaphore(&name, 1).acquire(1).await.unwrap();
+    let c = client(&proxy.url(), LockConfig::default()).await;
+    let first = {
+        let semaphore = c.semaphore(&name, 1);
+        tokio::spawn(async move { semaphore.try_acquire_for(1, Duration::from_millis(1500)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = {
+        let semaphore = c.semaphore(&name, 1);
+        tokio::spawn(async move {
+            let permit = semaphore.try_acquire_for(1, Duration::from_secs(10)).await;
+            (Instant::now(), permit)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The first waiter, woken first, sends an attempt that reaches Redis after its bound.
+    proxy.delay_request_once(name.as_bytes(), Duration::from_millis(1000));
+    let released = Instant::now();
+    permit.release().await.unwrap();
+    assert!(
+        first.await.unwrap().unwrap().is_none(),
+        "the first waiter ran out of time"
+    );
+    let (at, permit) = tokio::time::timeout(Duration::from_secs(12), second)
+        .await
+        .unwrap()
+        .unwrap();
+    let permit = permit.unwrap().expect("the second waiter was served");
+    let after = at.duration_since(released);
+    assert!(
+        after < Duration::from_secs(4),
+        "served {after:?} after the release"
+    );
+    permit.release().await.unwrap();
+    holder.shutdown().await;
+    c.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watchdog_keeps_a_permit_and_a_cut_off_holder_gives_it_back_within_its_lease() {
     let server = RedisServer::start();

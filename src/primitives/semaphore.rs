@@ -12,6 +12,7 @@ use crate::engine::core::Core;
 use crate::engine::permits::PermitAttempt;
 use crate::engine::wait::{Retries, Wait};
 use crate::primitives::guard::LockGuard;
+use crate::primitives::lock::WakeUp;
 use crate::primitives::owner::Owner;
 use crate::redis::keys::SemaphoreKeys;
 use crate::redis::scripts::scripts;
@@ -166,6 +167,9 @@ impl Semaphore {
         let until = wait.until();
         let node = &self.core.masters.nodes[0];
         let mut subscription: Option<crate::redis::waiters::Subscription> = None;
+        // A release message that woke this waiter, passed on if no attempt answers before the
+        // wait ends (timed out, failed or dropped): the next waiter may use what it freed.
+        let mut wake_up = WakeUp(None);
         let mut armed = None;
         let mut answered = false;
         let mut retries = Retries::new();
@@ -186,6 +190,9 @@ impl Semaphore {
             // (it asked for more) passes it on to every other waiter, once per message
             // (`Subscription::pass_on`): never to itself, and refused waiters do not wake each
             // other for ever.
+            if attempt.is_ok() {
+                wake_up.0 = None;
+            }
             let soonest = match attempt {
                 Ok(PermitAttempt::Granted { grant, free }) => {
                     if let (Some(subscription), true) = (&subscription, free > 0) {
@@ -228,7 +235,9 @@ impl Semaphore {
                     continue;
                 }
             }
-            self.sleep(armed.take(), &wait, soonest).await;
+            if self.sleep(armed.take(), &wait, soonest).await {
+                wake_up.0 = subscription.as_ref().map(|subscription| subscription.waker());
+            }
             if self.core.is_closed() {
                 return Err(Error::Shutdown);
             }
@@ -236,14 +245,16 @@ impl Semaphore {
     }
 
     /// Sleeps until woken by a release, or when the soonest holder's lease would run out (a
-    /// crashed holder's permits come back then), never later than the caller's bound.
-    async fn sleep(&self, armed: Option<Armed>, wait: &Wait, soonest: Option<Duration>) {
+    /// crashed holder's permits come back then), never later than the caller's bound; whether a
+    /// release woke it.
+    async fn sleep(&self, armed: Option<Armed>, wait: &Wait, soonest: Option<Duration>) -> bool {
         let wake_at = wait.wake_at(soonest.unwrap_or(self.core.masters.config.retry_delay));
-        if let Some(armed) = armed {
-            tokio::select! {
-                () = armed => {}
-                () = tokio::time::sleep_until(wake_at) => {}
-            }
+        match armed {
+            Some(armed) => tokio::select! {
+                () = armed => true,
+                () = tokio::time::sleep_until(wake_at) => false,
+            },
+            None => false,
         }
     }
 }
