@@ -16,7 +16,7 @@ use crate::primitives::lock::WakeUp;
 use crate::primitives::owner::Owner;
 use crate::redis::keys::SemaphoreKeys;
 use crate::redis::scripts::scripts;
-use crate::redis::waiters::Armed;
+use crate::redis::waiters::{Armed, Subscription};
 use crate::Error;
 
 /// A semaphore of `permits` permits shared through Redis: made by
@@ -166,7 +166,7 @@ impl Semaphore {
         let holder = Owner::new().id_for(&self.core.id);
         let until = wait.until();
         let node = &self.core.masters.nodes[0];
-        let mut subscription: Option<crate::redis::waiters::Subscription> = None;
+        let mut subscription: Option<Subscription> = None;
         // A release message that woke this waiter, passed on if no attempt answers before the
         // wait ends (timed out, failed or dropped): the next waiter may use what it freed.
         let mut wake_up = WakeUp(None);
@@ -184,33 +184,19 @@ impl Semaphore {
                 .core
                 .attempt_permits(&self.keys, &holder, self.permits, n, until)
                 .await;
-            // A release message wakes one waiter per client. One granted with permits left over
-            // passes the wake-up on to the next waiter, so that a release of several permits serves
-            // several waiters without waking every one of them. One refused while permits are free
-            // (it asked for more) passes it on to every other waiter, once per message
-            // (`Subscription::pass_on`): never to itself, and refused waiters do not wake each
-            // other for ever.
             if attempt.is_ok() {
                 wake_up.0 = None;
             }
             let soonest = match attempt {
                 Ok(PermitAttempt::Granted { grant, free }) => {
-                    if let (Some(subscription), true) = (&subscription, free > 0) {
-                        drop(armed.take());
-                        subscription.waker().notify_one();
-                    }
+                    relay(subscription.as_ref(), &mut armed, free, true);
                     let guard = LockGuard::new(self.core.clone(), grant);
                     return Ok(Some(Permit { guard, permits: n }));
                 }
                 Ok(PermitAttempt::Refused { free, soonest }) => {
                     answered = true;
                     retries.answered();
-                    if let (Some(subscription), true) = (&subscription, free > 0) {
-                        drop(armed.take());
-                        subscription.pass_on();
-                        // A message that came meanwhile is stored for this arming: not lost.
-                        armed = Some(subscription.armed());
-                    }
+                    relay(subscription.as_ref(), &mut armed, free, false);
                     soonest
                 }
                 Err(Error::Timeout(_)) if wait.ran_out() => return retries.ran_out_result(&wait, answered),
@@ -256,6 +242,26 @@ impl Semaphore {
             },
             None => false,
         }
+    }
+}
+
+/// Passes a release's wake-up on after an answered attempt that left `free` permits free. A
+/// release message wakes one waiter per client. One `granted` with permits left over passes the
+/// wake-up on to the next waiter, so that a release of several permits serves several waiters
+/// without waking every one of them. One refused while permits are free (it asked for more) passes
+/// it on to every other waiter, once per message (`Subscription::pass_on`): never to itself, and
+/// refused waiters do not wake each other for ever.
+fn relay(subscription: Option<&Subscription>, armed: &mut Option<Armed>, free: u64, granted: bool) {
+    let Some(subscription) = subscription.filter(|_| free > 0) else {
+        return;
+    };
+    drop(armed.take());
+    if granted {
+        subscription.waker().notify_one();
+    } else {
+        subscription.pass_on();
+        // A message that came meanwhile is stored for this arming: not lost.
+        *armed = Some(subscription.armed());
     }
 }
 
