@@ -20,7 +20,7 @@
 //! slot map every [`CLUSTER_SCAN`] (as Redisson's `scanInterval`), subscribes again where a waited
 //! slot now lives, and wakes its waiters to try again; and where the cluster's epoch rose since the
 //! last scan (a slot moved away and back in between looks unmoved), it subscribes everything
-//! again.
+//! again; and once more at the scan after any change, when the move has settled.
 
 use fred::bytes_utils::Str;
 use std::collections::HashMap;
@@ -117,6 +117,9 @@ struct Shared {
     kick: Notify,
     /// On a cluster, the largest `cluster_current_epoch` a scan has read; 0 before the first.
     epoch: std::sync::atomic::AtomicU64,
+    /// On a cluster, the last scan found slots moved (or the epoch risen): the next one subscribes
+    /// every channel again, once the move has settled.
+    unsettled: std::sync::atomic::AtomicBool,
 }
 
 /// The waiting side of one node.

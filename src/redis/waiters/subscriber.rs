@@ -96,36 +96,45 @@ pub(super) async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<Node
 /// a scan that reads a higher `cluster_current_epoch` than any before subscribes every channel
 /// again where it lives, and wakes its waiters. Epochs rise only with moves and failovers: that
 /// costs nothing while the cluster stands still.
+///
+/// Neither sign is enough while a move is under way. The nodes take the new owner one after
+/// another (`CLUSTER SETSLOT … NODE`, each dropping its subscriptions of the slot as it does): a
+/// subscription sent then may follow a `MOVED` to the old owner and be dropped there a moment
+/// later, while the map already named the new one, and a slot moved to the node that already has
+/// the cluster's largest config epoch raises no epoch. So every scan that found a change is
+/// followed by one more that subscribes everything again: by then the move has settled.
 async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
+    use std::sync::atomic::Ordering::Relaxed;
     if let Err(err) = bounded(link, subscriber.sync_cluster()).await {
         tracing::debug!(%err, "reading the cluster's slots failed");
         return;
     }
-    let bumped = match current_epoch(link).await {
+    let rose = match current_epoch(link).await {
         Some(epoch) => {
-            let before = shared
-                .epoch
-                .fetch_max(epoch, std::sync::atomic::Ordering::Relaxed);
+            let before = shared.epoch.fetch_max(epoch, Relaxed);
             before != 0 && epoch > before
         }
         None => false,
     };
-    let (moved, unsent) = {
+    // The scan after a change subscribes everything again (see above).
+    let again = shared.unsettled.swap(false, Relaxed) || rose;
+    let (moved, unsent, shifted) = {
         let mut channels = shared.channels.lock();
-        let (mut moved, mut unsent) = (0, 0);
+        let (mut moved, mut unsent, mut shifted) = (0, 0, false);
         for (channel, entry) in channels.iter_mut() {
             if !entry.sent {
                 unsent += 1; // a subscription that failed: try again
                 continue;
             }
             let owner = crate::redis::topology::slot_owner(subscriber, link.topology.slot(channel));
-            if bumped || owner != entry.owner {
+            shifted |= owner != entry.owner;
+            if again || owner != entry.owner {
                 entry.sent = false;
                 entry.confirmed = false;
                 moved += 1;
             }
         }
-        (moved, unsent)
+        (moved, unsent, shifted)
     };
     if moved + unsent > 0 {
         tracing::debug!(
@@ -134,6 +143,9 @@ async fn follow_slots(shared: &Shared, subscriber: &Client, link: &NodeClient) {
             "subscribing release channels again where their slots live"
         );
         sync(shared, subscriber, link).await;
+    }
+    if rose || shifted {
+        shared.unsettled.store(true, Relaxed);
     }
 }
 
