@@ -265,13 +265,17 @@ fn a_multilock_over_three_servers() {
     assert_eq!(multi.masters(), 3);
     let name = unique_name("multi");
     let guard = multi.lock(&name).acquire().unwrap();
-    // An acquisition returns at a majority; the last master's grant may land just after.
-    let on_every_master = |names: &[&str]| {
+    // An acquisition returns at a majority; the last master's grant may land just after, or (on a
+    // loaded machine, past the node timeout) be undone: a majority is what a grant promises.
+    let on_a_majority = |names: &[&str]| {
         let until = Instant::now() + Duration::from_secs(5);
-        while !servers
-            .iter()
-            .all(|s| names.iter().all(|n| s.exists(&lock_key(n))))
-        {
+        let holding = || {
+            servers
+                .iter()
+                .filter(|s| names.iter().all(|n| s.exists(&lock_key(n))))
+                .count()
+        };
+        while holding() < 2 {
             if Instant::now() > until {
                 return false;
             }
@@ -279,20 +283,20 @@ fn a_multilock_over_three_servers() {
         }
         true
     };
-    assert!(on_every_master(&[&name]));
+    assert!(on_a_majority(&[&name]));
     let lock = multi.lock(&name);
     assert!(thread::spawn(move || lock.try_acquire().unwrap().is_none())
         .join()
         .unwrap());
     drop(guard);
-    // lock_all over the masters: every name on every master, all given back by one release.
+    // lock_all over the masters: every name on a majority of them, all given back by one release.
     let second = format!("{name}:2");
     let set = multi.lock_all(&[second.as_str(), name.as_str()]);
     let both = set
         .try_acquire_for(Duration::from_secs(5))
         .unwrap()
         .expect("the set");
-    assert!(on_every_master(&[&name, &second]));
+    assert!(on_a_majority(&[&name, &second]));
     both.release().unwrap();
     for server in &servers {
         assert!(!server.exists(&lock_key(&name)) && !server.exists(&lock_key(&second)));
