@@ -194,14 +194,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     let slot = cluster.slot(&key);
     let from = cluster.primary_of_slot(slot).port();
     let cluster = tokio::task::spawn_blocking(move || {
-        let to = cluster
-            .primaries()
-            .into_iter()
-            .find(|p| p.port() != from)
-            .unwrap()
-            .port();
-        let to = cluster.nodes.iter().find(|n| n.port() == to).unwrap();
-        cluster.move_slot(slot, to);
+        cluster.move_slot(slot, cluster.primary_other_than(&[from]));
         cluster
     })
     .await
@@ -245,16 +238,10 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let home = cluster.primary_of_slot(slot).port();
     let cluster = tokio::task::spawn_blocking(move || {
-        let away = cluster
-            .primaries()
-            .into_iter()
-            .find(|p| p.port() != home)
-            .unwrap()
-            .port();
-        let node = |port: u16| cluster.nodes.iter().find(|n| n.port() == port).unwrap();
+        let (home, away) = (cluster.primary_of_slot(slot), cluster.primary_other_than(&[home]));
         // Each move takes milliseconds, as a resharding tool's do.
-        cluster.move_slot_from(node(home), slot, node(away));
-        cluster.move_slot(slot, node(home));
+        cluster.move_slot_from(home, slot, away);
+        cluster.move_slot(slot, home);
         cluster
     })
     .await
@@ -270,23 +257,12 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     let seed = cluster.nodes[0].port();
     let home = cluster.primary_of_slot(slot).port();
     let cluster = tokio::task::spawn_blocking(move || {
-        let node = |port: u16| cluster.nodes.iter().find(|n| n.port() == port).unwrap();
         if home == seed {
-            let away = cluster
-                .primaries()
-                .into_iter()
-                .find(|p| p.port() != seed)
-                .unwrap()
-                .port();
-            cluster.move_slot(slot, node(away));
+            cluster.move_slot(slot, cluster.primary_other_than(&[seed]));
         }
-        let to = cluster
-            .primaries()
-            .into_iter()
-            .find(|p| p.port() != seed && p.port() != cluster.primary_of_slot(slot).port())
-            .unwrap()
-            .port();
-        node(to).cmd(&["CLUSTER", "BUMPEPOCH"]);
+        let to = cluster.primary_other_than(&[seed, cluster.primary_of_slot(slot).port()]);
+        to.cmd(&["CLUSTER", "BUMPEPOCH"]);
+        let to = to.port();
         cluster.wait_until(Duration::from_secs(20), "settled", |c| c.settled());
         (cluster, to)
     })

@@ -181,6 +181,19 @@ impl Cluster {
             .collect()
     }
 
+    /// A live primary whose port is none of `ports` (the first in node order): where to move a
+    /// slot away from its primary, say.
+    ///
+    /// # Panics
+    ///
+    /// If there is no such primary.
+    pub fn primary_other_than(&self, ports: &[u16]) -> &Server {
+        self.primaries()
+            .into_iter()
+            .find(|p| !ports.contains(&p.port()))
+            .expect("a primary other than those")
+    }
+
     /// The live primaries that own slots in the cluster's slot map (as the first live node sees
     /// it). A primary without slots is a failed-over one that woke up and is about to turn
     /// replica: a slot moved to it would fail (`SETSLOT` only runs on primaries).
