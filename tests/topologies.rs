@@ -311,6 +311,64 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     b.shutdown().await;
 }
 
+/// The slot map is read again on its schedule however busy the subscriber is: a client whose other
+/// channel carries a message every 50 ms still follows a waited lock's slot to its new primary,
+/// and its waiter is woken by the release there (not by the lease it saw at its refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_subscriber_still_follows_a_moved_slot() {
+    let cluster = std::sync::Arc::new(start_cluster(3, 0).await);
+    let lease = Duration::from_secs(6);
+    let a = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .unwrap();
+    let b = LockClient::connect_with(&cluster.url(), config(lease))
+        .await
+        .unwrap();
+    let (name, busy) = (unique_name("followed"), unique_name("busy"));
+    let slot = cluster.slot(&lock_key(&name));
+    assert_ne!(slot, cluster.slot(&lock_key(&busy)), "two slots");
+    let (held, held_busy) = (
+        a.lock(&name).acquire().await.unwrap(),
+        a.lock(&busy).acquire().await.unwrap(),
+    );
+    let (waiter, busy_waiter) = (waiter_for(&b, &name), waiter_for(&b, &busy));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Messages on the busy lock's channel: each wakes its waiter, who is refused and waits again.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = {
+        let (cluster, stop) = (cluster.clone(), stop.clone());
+        let channel = format!("{}:released", lock_key(&busy));
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let primary = cluster.primary_of(&channel);
+                let _ = primary.try_cmd(&["SPUBLISH", &channel, "x"]);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let from = cluster.primary_of_slot(slot).port();
+    let moved = cluster.clone();
+    tokio::task::spawn_blocking(move || moved.move_slot(slot, moved.primary_other_than(&[from])))
+        .await
+        .unwrap();
+    assert_ne!(
+        cluster.primary_of_slot(slot).port(),
+        from,
+        "the slot did not move"
+    );
+    // Two scans of the slot map, then the release on the new primary.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    woken_by_the_release(held, waiter, "with a busy subscriber").await;
+
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    publisher.join().unwrap();
+    held_busy.release().await.unwrap();
+    busy_waiter.await.unwrap().1.release().await.unwrap();
+    a.shutdown().await;
+    b.shutdown().await;
+}
+
 /// Failover with `sync_replicas(1)`: the primary of a held lock's slot is killed and its replica
 /// promoted. The replica had the lock (WAIT), so nobody else is granted it while the first client
 /// holds it, and the watchdog goes on renewing on the new primary once the killed node is back as

@@ -24,13 +24,21 @@ pub(super) async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<Node
     let cluster = link.topology.kind() == Kind::Cluster;
     // The next sweep of lingering channels, while there are any.
     let mut sweep_at: Option<Instant> = None;
+    // The next scan of the slot map, while there are channels. A deadline kept across the loop's
+    // turns, not a sleep begun at each: release messages arrive many times a second on a busy
+    // client, and each would put the scan off again, for as long as they came.
+    let mut scan_at: Option<Instant> = None;
     while let Some(strong) = shared.upgrade() {
+        // Only sharded subscriptions follow their slot (plain ones live on every node).
+        if cluster && link.topology.sharded() && !strong.channels.lock().is_empty() {
+            scan_at.get_or_insert_with(|| Instant::now() + CLUSTER_SCAN);
+        } else {
+            scan_at = None;
+        }
         let scan = async {
-            // Only sharded subscriptions follow their slot (plain ones live on every node).
-            if cluster && link.topology.sharded() && !strong.channels.lock().is_empty() {
-                tokio::time::sleep(CLUSTER_SCAN).await
-            } else {
-                std::future::pending().await
+            match scan_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
         };
         let sweep = async {
@@ -54,7 +62,10 @@ pub(super) async fn run(shared: Weak<Shared>, subscriber: Client, link: Arc<Node
                     sweep_at = Some(Instant::now() + LINGER);
                 }
             }
-            () = scan => follow_slots(&strong, &subscriber, &link).await,
+            () = scan => {
+                scan_at = None;
+                follow_slots(&strong, &subscriber, &link).await;
+            }
             message = messages.recv() => match message {
                 Ok(message) => {
                     let mut channels = strong.channels.lock();
@@ -236,16 +247,18 @@ pub(super) async fn subscribe_then_ping(
     channels: Vec<String>,
 ) -> Result<Value, fred::error::Error> {
     subscriber.subscribe(channels).await?;
-    let ping = CustomCommand::new_static(
-        "PING",
-        ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes())),
-        false,
-    );
+    ping_behind(subscriber, fred::util::redis_keyslot(subscriber.id().as_bytes())).await
+}
+
+/// A `PING` on the subscriber's connection to where `slot` lives: answered only after everything
+/// sent there before it ran.
+async fn ping_behind(subscriber: &Client, slot: u16) -> Result<Value, fred::error::Error> {
+    let ping = CustomCommand::new_static("PING", ClusterHash::Custom(slot), false);
     subscriber.custom(ping, Vec::<Value>::new()).await
 }
 
 /// [`sync`] for sharded channels: one `SSUBSCRIBE` (and `SUNSUBSCRIBE`) per slot, each awaited
-/// (fred follows `MOVED` for them only when they are not pipelined).
+/// (fred follows `MOVED` for them only when they are not pipelined) with a `PING` behind it.
 async fn sync_sharded(
     shared: &Shared,
     subscriber: &Client,
@@ -261,7 +274,12 @@ async fn sync_sharded(
     for group in link.topology.by_slot(subscribe, |c| c) {
         let slot = link.topology.slot(&group[0]);
         let owner = crate::redis::topology::slot_owner(subscriber, slot);
-        let result = bounded(link, subscriber.ssubscribe(group.clone())).await;
+        // Confirmed by the `PING` behind it, as a plain `SUBSCRIBE` is (see `sync`).
+        let request = async {
+            subscriber.ssubscribe(group.clone()).await?;
+            ping_behind(subscriber, slot).await.map(drop)
+        };
+        let result = bounded(link, request).await;
         if let Err(err) = &result {
             tracing::warn!(%err, "SSUBSCRIBE failed; retrying at the next slot scan");
         }
