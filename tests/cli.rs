@@ -352,15 +352,18 @@ impl Watch {
         Watch { child, lines, errors }
     }
 
-    /// The first line of `rx` containing `text` within `limit`, the others before it discarded.
-    fn wait_for(rx: &mpsc::Receiver<String>, text: &str, limit: Duration) -> Option<String> {
+    /// The first line of `rx` containing `text` within `limit`, or the lines that came instead.
+    fn wait_for(rx: &mpsc::Receiver<String>, text: &str, limit: Duration) -> Result<String, Vec<String>> {
         let deadline = std::time::Instant::now() + limit;
+        let mut others = Vec::new();
         loop {
-            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) else {
+                return Err(others);
+            };
             match rx.recv_timeout(left) {
-                Ok(line) if line.contains(text) => return Some(line),
-                Ok(_) => {}
-                Err(_) => return None,
+                Ok(line) if line.contains(text) => return Ok(line),
+                Ok(line) => others.push(line),
+                Err(_) => return Err(others),
             }
         }
     }
@@ -380,7 +383,7 @@ async fn watch_prints_events_by_polling() {
     let server = RedisServer::start();
     let url = server.url();
     let name = unique_name("watched");
-    let mut watch = tokio::task::spawn_blocking({
+    let watch = tokio::task::spawn_blocking({
         let (url, name) = (url.clone(), name.clone());
         move || {
             let watch = Watch::start(&url, &name, &[]);
@@ -390,9 +393,9 @@ async fn watch_prints_events_by_polling() {
     })
     .await
     .expect("thread");
-    let ready = watch.1.take().unwrap_or_else(|| panic!("watch did not start"));
+    let (mut watch, ready) = watch;
+    let ready = ready.unwrap_or_else(|err| panic!("watch did not start: {err:?}"));
     assert!(ready.contains("a read every 200 ms"), "{ready}");
-    let mut watch = watch.0;
     watch_events(&url, &name, &mut watch, false).await;
 
     // Ctrl-C ends it cleanly.
@@ -436,7 +439,7 @@ async fn watch_prints_events_by_keyspace_notifications() {
     })
     .await
     .expect("thread");
-    let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
+    let ready = ready.unwrap_or_else(|err| panic!("watch did not start: {err:?}"));
     assert!(ready.contains("keyspace notifications"), "{ready}");
     watch_events(&url, &name, &mut watch, true).await;
 }
@@ -498,10 +501,16 @@ async fn next_line(watch: &mut Watch, text: &str, limit: Duration) -> String {
     .await
     .expect("thread");
     watch.lines = lines;
-    if let Some(line) = &line {
-        println!("{line}");
+    match line {
+        Ok(line) => {
+            println!("{line}");
+            line
+        }
+        Err(others) => {
+            let errors: Vec<String> = watch.errors.try_iter().collect();
+            panic!("no {text} event from watch within {limit:?}; instead {others:?}; stderr {errors:?}")
+        }
     }
-    line.unwrap_or_else(|| panic!("no {text} event from watch within {limit:?}"))
 }
 
 /// `list` on a Redis Cluster finds the locks held on every primary, and only those matching.
@@ -579,7 +588,7 @@ async fn watch_on_a_cluster_enables_notifications_on_the_lock_primary() {
     })
     .await
     .expect("thread");
-    let ready = ready.unwrap_or_else(|| panic!("watch did not start"));
+    let ready = ready.unwrap_or_else(|err| panic!("watch did not start: {err:?}"));
     assert!(ready.contains("keyspace notifications"), "{ready}");
     let owner = cluster.primary_of(&support::lock_key(&name)).port();
     for primary in cluster.primaries() {

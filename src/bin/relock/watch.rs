@@ -106,9 +106,10 @@ pub(crate) async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bo
     let mut ticks = ticker(period);
     let stop = ctrl_c();
     tokio::pin!(stop);
+    // The keyspace events of the key since the last read that was answered: a read that fails
+    // leaves them to the next, which must still tell a force-unlock from a release.
+    let mut ops: Vec<String> = Vec::new();
     loop {
-        // The keyspace events of the key since the last read.
-        let mut ops: Vec<String> = Vec::new();
         tokio::select! {
             () = &mut stop => break,
             _ = next(&mut feed.released) => {}
@@ -147,6 +148,7 @@ pub(crate) async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bo
             emit(cli, name, &event)?;
         }
         last = now;
+        ops.clear();
     }
     feed.close().await;
     Ok(OK)
