@@ -140,6 +140,19 @@ struct Snapshot {
     redis_cmds: u64,
     client_cpu_s: f64,
     client_csw: u64,
+    client_allocs: u64,
+    worker_parks: u64,
+}
+
+/// How many times the current runtime's workers went to sleep (each was woken again to run a task
+/// woken from elsewhere): 0 outside a runtime.
+fn worker_parks() -> u64 {
+    tokio::runtime::Handle::try_current().map_or(0, |runtime| {
+        let metrics = runtime.metrics();
+        (0..metrics.num_workers())
+            .map(|w| metrics.worker_park_count(w))
+            .sum()
+    })
 }
 
 impl Snapshot {
@@ -152,6 +165,8 @@ impl Snapshot {
             redis_cmds,
             client_cpu_s,
             client_csw,
+            client_allocs: crate::alloc::allocations(),
+            worker_parks: worker_parks(),
         }
     }
 }
@@ -164,6 +179,10 @@ pub struct Cost {
     pub redis_cmds: u64,
     pub client_cpu_s: f64,
     pub client_csw: u64,
+    /// Heap allocations in this process, every thread (see `alloc`).
+    pub client_allocs: u64,
+    /// Times a runtime worker went to sleep (and was woken again).
+    pub worker_parks: u64,
 }
 
 /// What the per-unit figures are counted in.
@@ -180,6 +199,8 @@ impl Cost {
         self.redis_cmds += other.redis_cmds;
         self.client_cpu_s += other.client_cpu_s;
         self.client_csw += other.client_csw;
+        self.client_allocs += other.client_allocs;
+        self.worker_parks += other.worker_parks;
     }
 
     /// Adds the cost per cycle (or section) of `count` of them to `row`.
@@ -188,24 +209,30 @@ impl Cost {
             return row.note("no cycles: no cost per cycle");
         }
         let n = count as f64;
-        let (cpu, cmds, client, csw) = match per {
+        let (cpu, cmds, client, csw, allocs, parks) = match per {
             Per::Cycle => (
                 Metric::RedisCpuUsPerCycle,
                 Metric::RedisCmdsPerCycle,
                 Metric::ClientCpuUsPerCycle,
                 Metric::ClientCswPerCycle,
+                Metric::ClientAllocsPerCycle,
+                Metric::ClientParksPerCycle,
             ),
             Per::Section => (
                 Metric::RedisCpuUsPerSection,
                 Metric::RedisCmdsPerSection,
                 Metric::ClientCpuUsPerSection,
                 Metric::ClientCswPerSection,
+                Metric::ClientAllocsPerSection,
+                Metric::ClientParksPerSection,
             ),
         };
         row.metric(cpu, self.redis_cpu_s * 1e6 / n)
             .metric(cmds, self.redis_cmds as f64 / n)
             .metric(client, self.client_cpu_s * 1e6 / n)
             .metric(csw, self.client_csw as f64 / n)
+            .metric(allocs, self.client_allocs as f64 / n)
+            .metric(parks, self.worker_parks as f64 / n)
             .note("client CPU includes the bench loop")
     }
 }
@@ -221,6 +248,8 @@ pub async fn measured<T>(servers: &[&RedisServer], run: impl Future<Output = T>)
         redis_cmds: after.redis_cmds.saturating_sub(before.redis_cmds),
         client_cpu_s: (after.client_cpu_s - before.client_cpu_s).max(0.0),
         client_csw: after.client_csw.saturating_sub(before.client_csw),
+        client_allocs: after.client_allocs.saturating_sub(before.client_allocs),
+        worker_parks: after.worker_parks.saturating_sub(before.worker_parks),
     };
     (out, cost)
 }

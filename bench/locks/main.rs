@@ -54,12 +54,17 @@
 #[path = "../../tests/support/mod.rs"]
 mod support;
 
+mod alloc;
 mod docs;
 mod host;
 mod peers;
 mod report;
 mod rows;
 mod workloads;
+
+/// Counts allocations for the rows (see `alloc`).
+#[global_allocator]
+static ALLOCATOR: alloc::Counting = alloc::Counting;
 
 use std::time::Duration;
 

@@ -380,7 +380,9 @@ fn pretty(v: f64) -> String {
 const LEGEND: &str = "
 `client_cpu_*`: this process's CPU time (getrusage), the bench loop included. `client_csw_*`: its \
 context switches (getrusage, voluntary and involuntary): mostly a worker thread woken from sleep to \
-run a task another thread woke. `redis_cpu_*`: \
+run a task another thread woke. `client_allocs_*`: its heap allocations, every thread (a counting \
+global allocator). `client_parks_*`: how often a runtime worker went to sleep and was woken again \
+(tokio's `worker_park_count`). `redis_cpu_*`: \
 `used_cpu_sys + used_cpu_user` summed over the row's servers. `redis_cmds_*`: every command the \
 servers ran (`INFO commandstats`: the commands scripts call included, the bench's `INFO` calls left \
 out). Hot lock: the critical section is a sleep on a blocking thread until 1 ms after the grant (its \
