@@ -25,6 +25,13 @@ fn config(lease: Duration) -> LockConfig {
         .command_timeout(Duration::from_secs(2))
 }
 
+/// Two clients of `url` with leases of `lease`: a holder and a waiter.
+async fn two_clients(url: &str, lease: Duration) -> (LockClient, LockClient) {
+    let a = LockClient::connect_with(url, config(lease)).await.unwrap();
+    let b = LockClient::connect_with(url, config(lease)).await.unwrap();
+    (a, b)
+}
+
 /// `client` is granted the lock `name` at once (it is free after a release), and gives it back.
 async fn free_to(client: &LockClient, name: &str) {
     let guard = client
@@ -42,12 +49,7 @@ async fn free_to(client: &LockClient, name: &str) {
 async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
     let cluster = start_cluster(3, 0).await;
     let lease = Duration::from_secs(1);
-    let a = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .expect("connect a");
-    let b = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .expect("connect b");
+    let (a, b) = two_clients(&cluster.url(), lease).await;
     assert!(a.server().starts_with("cluster "), "{}", a.server());
 
     let names: Vec<String> = (0..120).map(|i| unique_name(&format!("spread{i}"))).collect();
@@ -105,12 +107,7 @@ async fn cluster_locks_on_every_primary_exclude_renew_and_release() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_waiter_is_woken_by_the_release() {
     let cluster = start_cluster(3, 0).await;
-    let a = LockClient::connect_with(&cluster.url(), config(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let b = LockClient::connect_with(&cluster.url(), config(Duration::from_secs(30)))
-        .await
-        .unwrap();
+    let (a, b) = two_clients(&cluster.url(), Duration::from_secs(30)).await;
     for round in 0..5 {
         let name = unique_name(&format!("handoff{round}"));
         let held = a.lock(&name).acquire().await.unwrap();
@@ -179,12 +176,7 @@ async fn woken_by_the_release(
 async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
     let cluster = start_cluster(3, 0).await;
     let lease = Duration::from_secs(4);
-    let a = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .unwrap();
-    let b = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .unwrap();
+    let (a, b) = two_clients(&cluster.url(), lease).await;
     let name = unique_name("moved");
     let key = lock_key(&name);
     let held = a.lock(&name).acquire().await.unwrap();
@@ -318,12 +310,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
 async fn a_busy_subscriber_still_follows_a_moved_slot() {
     let cluster = std::sync::Arc::new(start_cluster(3, 0).await);
     let lease = Duration::from_secs(6);
-    let a = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .unwrap();
-    let b = LockClient::connect_with(&cluster.url(), config(lease))
-        .await
-        .unwrap();
+    let (a, b) = two_clients(&cluster.url(), lease).await;
     let (name, busy) = (unique_name("followed"), unique_name("busy"));
     let slot = cluster.slot(&lock_key(&name));
     assert_ne!(slot, cluster.slot(&lock_key(&busy)), "two slots");
