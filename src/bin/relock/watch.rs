@@ -143,6 +143,13 @@ pub(crate) async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bo
         };
         let elapsed = sent.elapsed();
         sent = sending;
+        // A hold the read found gone before its removal's event was taken: the server sent the
+        // event first, but on the other connection, which this task may read later. Without it a
+        // force-unlock would read as a release.
+        let notified = feed.notified && feed.keyspace.is_some();
+        if notified && any_gone(last.as_ref(), now.as_ref()) && !ops.iter().any(|op| removal(op)) {
+            await_removal(&mut feed, &mut ops).await;
+        }
         let gone_how = gone_how(last.as_ref(), &ops, elapsed);
         for event in changes(last.as_ref(), now.as_ref(), gone_how) {
             emit(cli, name, &event)?;
@@ -152,6 +159,37 @@ pub(crate) async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bo
     }
     feed.close().await;
     Ok(OK)
+}
+
+/// How long a read that found a hold gone waits for the keyspace event of its removal.
+const REMOVAL_WAIT: Duration = Duration::from_millis(250);
+
+/// Whether the keyspace event `op` removes a hold (or the whole lock).
+fn removal(op: &str) -> bool {
+    matches!(op, "del" | "hdel" | "expired" | "evicted")
+}
+
+/// Whether a holder of `before` is missing from `after`.
+fn any_gone(before: Option<&LockInfo>, after: Option<&LockInfo>) -> bool {
+    before.is_some_and(|before| {
+        before
+            .holders
+            .iter()
+            .any(|h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)))
+    })
+}
+
+/// Takes keyspace events into `ops` until a removal's, for at most [`REMOVAL_WAIT`]; the events
+/// after it are left to the next turn of the loop.
+async fn await_removal(feed: &mut Feed, ops: &mut Vec<String>) {
+    let until = tokio::time::Instant::now() + REMOVAL_WAIT;
+    while let Ok(Some(event)) = tokio::time::timeout_at(until, next(&mut feed.keyspace)).await {
+        let found = removal(&event.operation);
+        ops.push(event.operation);
+        if found {
+            return;
+        }
+    }
 }
 
 /// The `held` events of the holds the first read found.
