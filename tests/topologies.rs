@@ -144,17 +144,6 @@ fn waiter_for(client: &LockClient, name: &str) -> tokio::task::JoinHandle<(Insta
     })
 }
 
-/// Moves `slot` to another primary (blocking: off the runtime), and checks that it moved.
-fn move_away(cluster: &RedisCluster, slot: u16) {
-    let from = cluster.primary_of_slot(slot).port();
-    cluster.move_slot(slot, cluster.primary_other_than(&[from]));
-    assert_ne!(
-        cluster.primary_of_slot(slot).port(),
-        from,
-        "the slot did not move"
-    );
-}
-
 /// Checks that `waiter` still waits on the lock `held` holds, releases it, and that the release
 /// message woke the waiter (within 1.5 s: the lease it saw is longer), then releases its guard.
 async fn woken_by_the_release(
@@ -196,7 +185,7 @@ async fn resharding_a_held_lock_keeps_it_and_its_waiter() {
 
     let slot = cluster.slot(&key);
     let cluster = tokio::task::spawn_blocking(move || {
-        move_away(&cluster, slot);
+        cluster.move_slot_away(slot);
         cluster
     })
     .await
@@ -340,9 +329,11 @@ async fn a_busy_subscriber_still_follows_a_moved_slot() {
         })
     };
     let moved = cluster.clone();
-    tokio::task::spawn_blocking(move || move_away(&moved, slot))
-        .await
-        .unwrap();
+    tokio::task::spawn_blocking(move || {
+        moved.move_slot_away(slot);
+    })
+    .await
+    .unwrap();
     // Two scans of the slot map, then the release on the new primary.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     woken_by_the_release(held, waiter, "with a busy subscriber").await;

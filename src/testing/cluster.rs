@@ -230,6 +230,18 @@ impl Cluster {
         });
     }
 
+    /// [`move_slot`](Cluster::move_slot) to a primary other than the slot's own (the first in
+    /// node order), which it returns: a resharding move of the slot away from where it lives.
+    ///
+    /// # Panics
+    ///
+    /// As [`move_slot`](Cluster::move_slot), and if no other primary is live.
+    pub fn move_slot_away(&self, slot: u16) -> &Server {
+        let to = self.primary_other_than(&[self.primary_of_slot(slot).port()]);
+        self.move_slot(slot, to);
+        to
+    }
+
     /// [`move_slot`](Cluster::move_slot) from the primary `from`, without waiting for the
     /// cluster to agree on it (every primary was told): a move in a few milliseconds, as a
     /// resharding tool makes it.
