@@ -147,7 +147,8 @@ pub(crate) async fn watch(client: &LockClient, cli: &Cli, name: &str, enable: bo
         // event first, but on the other connection, which this task may read later. Without it a
         // force-unlock would read as a release.
         let notified = feed.notified && feed.keyspace.is_some();
-        if notified && any_gone(last.as_ref(), now.as_ref()) && !ops.iter().any(|op| removal(op)) {
+        let gone = gone_holders(last.as_ref(), now.as_ref()).next().is_some();
+        if notified && gone && !ops.iter().any(|op| removal(op)) {
             await_removal(&mut feed, &mut ops).await;
         }
         let gone_how = gone_how(last.as_ref(), &ops, elapsed);
@@ -169,14 +170,15 @@ fn removal(op: &str) -> bool {
     matches!(op, "del" | "hdel" | "expired" | "evicted")
 }
 
-/// Whether a holder of `before` is missing from `after`.
-fn any_gone(before: Option<&LockInfo>, after: Option<&LockInfo>) -> bool {
-    before.is_some_and(|before| {
-        before
-            .holders
-            .iter()
-            .any(|h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)))
-    })
+/// The holders of `before` missing from `after`.
+fn gone_holders<'a>(
+    before: Option<&'a LockInfo>,
+    after: Option<&'a LockInfo>,
+) -> impl Iterator<Item = &'a Holder> {
+    let holders = before.map_or(&[][..], |before| &before.holders[..]);
+    holders
+        .iter()
+        .filter(move |h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)))
 }
 
 /// Takes keyspace events into `ops` until a removal's, for at most [`REMOVAL_WAIT`]; the events
@@ -275,25 +277,19 @@ fn changes<'a>(before: Option<&'a LockInfo>, after: Option<&'a LockInfo>, gone: 
     let mut events = Vec::new();
     let ttl = after.and_then(|a| a.ttl);
     let fence = after.or(before).and_then(|i| i.fence);
-    if let Some(before) = before {
-        let gone_holders = before
-            .holders
-            .iter()
-            .filter(|h| !after.is_some_and(|a| a.holders.iter().any(|n| n.field == h.field)));
-        for holder in gone_holders {
-            let kind = match gone {
-                Gone::Expired => "expire",
-                Gone::Forced => "force-unlock",
-                Gone::Released => "release",
-            };
-            events.push(Event {
-                kind,
-                holder,
-                count: 0,
-                ttl,
-                fence,
-            });
-        }
+    for holder in gone_holders(before, after) {
+        let kind = match gone {
+            Gone::Expired => "expire",
+            Gone::Forced => "force-unlock",
+            Gone::Released => "release",
+        };
+        events.push(Event {
+            kind,
+            holder,
+            count: 0,
+            ttl,
+            fence,
+        });
     }
     if let Some(after) = after {
         for holder in &after.holders {
