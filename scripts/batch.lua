@@ -3,7 +3,7 @@
 -- prepended to this file (see `scripts.rs`): acquire.lua, release.lua, rw_read.lua, rw_write.lua,
 -- rw_write_release.lua, rw_unmark.lua, fair_acquire.lua, fair_release.lua, fair_leave.lua,
 -- transfer.lua, transfer_granted.lua. A second script, for plain locks only (operations 'a', 'q',
--- 'r', 'p', 't', 'u'), prepends only prelude.lua, acquire.lua, release.lua, transfer.lua and
+-- 'r', 'p', 'y', 't', 'u'), prepends only prelude.lua, acquire.lua, release.lua, transfer.lua and
 -- transfer_granted.lua (`BATCH_PLAIN` in `scripts.rs`): every call
 -- defines its functions anew, and most calls need no others. The client sends any other operation
 -- to the full script only.
@@ -27,8 +27,12 @@
 --   'p', the same                  as 'r', always published (the client has waiters of its own on
 --                                  the channel; a semaphore's permit holder, whose waiters leave no
 --                                  mark)
+--   'y', the same                  as 'r', the undo of a grant that a refused round of a quorum
+--                                  made: its message '~1' tells the waiters it wakes that no
+--                                  holder released (they wait out a rate limit before they try)
 --   'x', the same                  with KEYS reader, readers: a read hold (wakes one writer)
 --   'o', the same                  with KEYS write, waiting: a write hold (rw_write_release.lua)
+--   'X', 'O'                       'x' and 'o' as undos, as 'y' is 'r's (messages '~1', '~*')
 --   'm', the same                  with KEYS waiting, write: a waiting writer's mark (rw_unmark.lua)
 --   'h', the same                  with KEYS lock, queue: a fair lock (fair_release.lua)
 --   'z', the same                  with KEYS waiter, queue, lock: a fair lock's waiter leaves (fair_leave.lua)
@@ -157,8 +161,8 @@ if ARGV[1] == '1' then
     reply, second = release(KEYS[1], ARGV[4], 0, false, publish, '1', false, true)
   elseif op == 'a' or op == 'q' then
     reply, second, third = acquire(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], op == 'q', true, false, true)
-  elseif op == 'r' or op == 'p' then
-    reply, second = release(KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, '1', false, op == 'r')
+  elseif op == 'r' or op == 'p' or op == 'y' then
+    reply, second = release(KEYS[1], ARGV[4], tonumber(ARGV[5]), ARGV[6], publish, op == 'y' and '~1' or '1', false, op ~= 'p')
   elseif op == 'u' then
     reply, second = transfer_granted(KEYS[1], KEYS[2], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8], ARGV[9])
   else
@@ -205,8 +209,9 @@ for _ = 1, tonumber(ARGV[1]) do
   elseif op == 'a' or op == 'q' then
     ok, reply, second, third = pcall(acquire, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], op == 'q', true, false, true)
     k = k + 2
-  elseif op == 'r' or op == 'p' then
-    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', false, op == 'r')
+  elseif op == 'r' or op == 'p' or op == 'y' then
+    ok, reply, second = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish,
+      op == 'y' and '~1' or '1', false, op ~= 'p')
     k = k + 1
   elseif op == 'u' then
     ok, reply, second = pcall(transfer_granted, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4],
@@ -231,18 +236,20 @@ for _ = 1, tonumber(ARGV[1]) do
       ok, reply = pcall(transfer, KEYS[k], KEYS[k + 1], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]),
         ARGV[a + 4], publish)
       k = k + 2
-    elseif op == 'h' or op == 'o' or op == 'm' then
+    elseif op == 'h' or op == 'o' or op == 'O' or op == 'm' then
       -- The releases with two keys: a fair lock's, a write hold's, a waiting writer's mark.
-      local run = (op == 'h' and release_fair) or (op == 'o' and release_write) or rw_unmark
-      ok, reply = pcall(run, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish)
+      local run = (op == 'h' and release_fair) or ((op == 'o' or op == 'O') and release_write) or rw_unmark
+      ok, reply = pcall(run, KEYS[k], KEYS[k + 1], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish,
+        op == 'O')
       k = k + 2
     elseif op == 'z' then
       ok, reply = pcall(fair_leave, KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[a + 1], tonumber(ARGV[a + 2]),
         ARGV[a + 3], publish)
       k = k + 3
-    elseif op == 'x' then
+    elseif op == 'x' or op == 'X' then
       -- A read hold's release: its code only (how many heard it is not passed on).
-      ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish, '1', KEYS[k + 1])
+      ok, reply = pcall(release, KEYS[k], ARGV[a + 1], tonumber(ARGV[a + 2]), ARGV[a + 3], publish,
+        op == 'X' and '~1' or '1', KEYS[k + 1])
       k = k + 2
     else
       ok, reply = false, 'ERR relock batch: unknown operation'

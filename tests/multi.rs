@@ -770,3 +770,33 @@ async fn waiters_of_a_lock_held_on_a_bare_majority_do_not_poll() {
     );
     assert!(guard.is_held());
 }
+
+/// A waiter woken by the holder's release tries at once: only a wake-up by another waiter's undone
+/// grant waits out the rate limit of the test above. With a rate limit of seconds, a waiter
+/// whose release came just after it began to wait used to sleep it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_woken_by_the_release_tries_at_once() {
+    let servers = servers(3);
+    // The rate limit: 2 to 6 s after each attempt.
+    let config = quorum_config().retry_delay(Duration::from_secs(4));
+    let holder = multi_with(&servers, config.clone()).await;
+    let waiter = multi_with(&servers, config).await;
+    let name = unique_name("woken");
+    let guard = holder.lock(&name).acquire().await.unwrap();
+    let lock = waiter.lock(&name);
+    let waiting = tokio::spawn(async move {
+        let guard = lock.try_acquire_for(Duration::from_secs(20)).await;
+        (guard, Instant::now())
+    });
+    // Refused by now, and asleep.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released = Instant::now();
+    guard.release().await.unwrap();
+    let (granted, at) = waiting.await.unwrap();
+    assert!(granted.unwrap().is_some(), "not granted");
+    let after = at - released;
+    assert!(
+        after <= Duration::from_secs(1),
+        "granted {after:?} after the release"
+    );
+}

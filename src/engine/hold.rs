@@ -149,6 +149,7 @@ impl Hold {
             field: field.clone(),
             gen,
             fence_floor: None,
+            after_attempt: false,
         }
     }
 
@@ -248,6 +249,9 @@ pub(crate) struct Resync {
     /// unknown, see `engine/core/handoff.rs`): the fence is raised to it before anything is released, so that
     /// the lock is never free here while the fence is below a token in use.
     pub(crate) fence_floor: Option<u64>,
+    /// It follows an acquisition round cut short (not a release): a grant it takes back was never
+    /// a hold anyone used, and is given back as an undo (see `Node::undo_grant`).
+    pub(crate) after_attempt: bool,
 }
 
 /// A hold is found by its lock key and owner id.

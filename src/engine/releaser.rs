@@ -312,8 +312,9 @@ async fn resync_once(core: &Core, resync: &Resync, pending: &[usize]) -> Vec<usi
             silent.push(i);
         }
     }
-    let answered = quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready).await;
-    if target == 0 && matches!(resync.keys.kind, crate::redis::keys::Kind::Plain) {
+    let undo = resync.after_attempt;
+    let answered = quorum::release_on(&core.masters, &resync.keys, &resync.field, target, &ready, undo).await;
+    if target == 0 && !undo && matches!(resync.keys.kind, crate::redis::keys::Kind::Plain) {
         // The lost reply may have been a release's that freed the lock unannounced.
         let announce = ready.iter().filter(|i| !answered.silent.contains(i));
         futures::future::join_all(announce.map(|&i| core.masters.nodes[i].announce_release(&resync.keys)))

@@ -298,7 +298,10 @@ impl Core {
         let bound = until.map_or(own_bound, |until| until.min(own_bound));
         let mut undo = UndoOnDrop {
             core: self,
-            resync: Some(hold.resync(&ask.field, ask.gen)),
+            resync: Some(Resync {
+                after_attempt: true,
+                ..hold.resync(&ask.field, ask.gen)
+            }),
         };
         let voters = match self.voting() {
             Ok(voters) => voters,

@@ -53,15 +53,25 @@ impl Release {
     }
 }
 
-/// Sets the count of hold `field` on `keys` to `target` on the given nodes (0 releases).
+/// Sets the count of hold `field` on `keys` to `target` on the given nodes (0 releases); `undo`:
+/// as the undo of grants that never were a hold (see `Node::undo_grant`).
 pub(crate) async fn release_on(
     masters: &Masters,
     keys: &LockKeys,
     field: &Str,
     target: u32,
     nodes: &[usize],
+    undo: bool,
 ) -> Release {
-    let ask = |i: usize| async move { (i, masters.nodes[i].release(keys, field, target).await) };
+    let ask = |i: usize| async move {
+        let node = &masters.nodes[i];
+        let outcome = if undo {
+            node.undo_grant(keys, field, target).await
+        } else {
+            node.release(keys, field, target).await
+        };
+        (i, outcome)
+    };
     let mut out = Release::default();
     match nodes {
         // One node (a `LockClient`'s master): boxed by itself, as in `acquire`, and no list.
@@ -219,5 +229,5 @@ pub(crate) async fn silent_among(stragglers: Stragglers) -> Vec<usize> {
 /// [`release_on`] every node.
 pub(crate) async fn release(masters: &Masters, keys: &LockKeys, field: &Str, target: u32) -> Release {
     let all: Few<usize> = (0..masters.nodes.len()).collect();
-    release_on(masters, keys, field, target, &all).await
+    release_on(masters, keys, field, target, &all, false).await
 }

@@ -330,12 +330,12 @@ impl<'a> Acquisition<'a> {
         if split {
             delay = delay.min(jitter(core.masters.config.retry_delay));
         }
-        // On a quorum of masters, a waiter tries at most once per random delay: the release
-        // messages it is woken by come from the other waiters' undone grants as much as from a
-        // holder (a waiter refused by a majority grants itself the masters left free and gives
-        // them back, and that release wakes the next waiter), so woken by each at once, the
+        // On a quorum of masters, a waiter woken by another waiter's undone grant tries at most once
+        // per random delay: a waiter refused by a majority grants itself the masters left free and
+        // gives them back, and that undo wakes the next waiter, so woken by each at once, the
         // waiters of a lock held on a bare majority would keep waking each other until it is
-        // released. A message that comes sooner is taken, and acted on at the delay's end.
+        // released. Such a message that comes sooner is taken, and acted on at the delay's end. A
+        // holder's release is acted on at once.
         let not_before =
             (!core.masters.single()).then(|| Instant::now() + jitter(core.masters.config.retry_delay));
         let wake_at = self.wait.wake_at(delay);
@@ -352,7 +352,7 @@ impl<'a> Acquisition<'a> {
         tokio::select! {
             (_, node, _) = released => {
                 self.wake_up.0 = Some(self.subscriptions[node].waker());
-                if let Some(not_before) = not_before {
+                if let Some(not_before) = not_before.filter(|_| self.subscriptions[node].by_undo()) {
                     tokio::time::sleep_until(self.wait.wake_at_instant(not_before)).await;
                 }
             }

@@ -75,7 +75,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
-    use crate::redis::batch::op::acquire;
+    use crate::redis::batch::op::{acquire, Announce};
     use crate::redis::keys::{Kind, LockKeys};
 
     fn release(lock: &'static str) -> (Op, Reply) {
@@ -85,7 +85,7 @@ mod tests {
             target: 0,
             channel: "c".into(),
             kind: Kind::Plain,
-            announce: false,
+            announce: Announce::IfMarked,
         };
         (op, oneshot::channel().0)
     }
@@ -102,7 +102,7 @@ mod tests {
         assert_eq!(read.as_slice(), &[1, 2, 7]);
         let read = decode(&acquire, &ints(&[-2])).expect("an upgrade");
         assert_eq!(read.as_slice(), &[-2]);
-        let release = Op::release(&keys, &"o".into(), 0, false);
+        let release = Op::release(&keys, &"o".into(), 0, Announce::IfMarked);
         assert_eq!(decode(&release, &ints(&[2])).expect("freed").as_slice(), &[2]);
     }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fred::types::{Key, Value};
 
-use super::{Granted, Op};
+use super::{Announce, Granted, Op};
 use crate::redis::keys::Kind;
 use crate::redis::scripts::{scripts, Script};
 
@@ -71,7 +71,7 @@ impl Op {
                 target: 0,
                 channel,
                 kind: Kind::Plain,
-                announce: false,
+                announce: Announce::IfMarked,
                 ..
             } if is_lock_channel(lock, channel) => Some(Short::Release),
             _ => None,
@@ -238,14 +238,23 @@ impl Call {
     }
 
     /// A release's keys, the lock's and those its kind adds, and its code.
-    fn release_keys(&mut self, kind: &Kind, announce: bool, lock: &Str) -> &'static str {
+    fn release_keys(&mut self, kind: &Kind, announce: Announce, lock: &Str) -> &'static str {
         self.keys.push(Key::from(lock));
+        let undo = announce == Announce::Undo;
         match kind {
-            Kind::Plain if !announce => "r",
-            Kind::Plain | Kind::Permit => "p",
+            Kind::Plain => match announce {
+                Announce::IfMarked => "r",
+                Announce::Always => "p",
+                Announce::Undo => "y",
+            },
+            Kind::Permit => "p",
             Kind::Write { rw, .. } => {
                 self.keys.push(Key::from(&rw.waiting));
-                "o"
+                if undo {
+                    "O"
+                } else {
+                    "o"
+                }
             }
             Kind::Mark(rw) => {
                 self.keys.push(Key::from(&rw.write));
@@ -253,7 +262,11 @@ impl Call {
             }
             Kind::Read(rw) => {
                 self.keys.push(Key::from(&rw.readers));
-                "x"
+                if undo {
+                    "X"
+                } else {
+                    "x"
+                }
             }
             Kind::Fair { fair, .. } => {
                 self.keys.push(Key::from(&fair.queue));
@@ -268,7 +281,7 @@ impl Call {
 
     /// A release's arguments in full: its code, owner, target and channel.
     fn release_args(&mut self, code: &'static str, owner: &Str, target: i64, channel: &Str) {
-        self.plain &= matches!(code, "r" | "p");
+        self.plain &= matches!(code, "r" | "p" | "y");
         self.args.extend([
             Value::from_static_str(code),
             Value::from(owner.clone()),
@@ -333,6 +346,22 @@ pub(super) mod tests {
             .collect()
     }
 
+    /// An undo is never sent in short (its message differs), and keeps its kind's keys: a plain
+    /// lock's goes to the plain script, a read-write lock's sides to the full one.
+    #[test]
+    fn undos_have_codes_of_their_own() {
+        let keys = LockKeys::new("relock", "stock");
+        let rw = std::sync::Arc::new(crate::redis::keys::RwKeys::new("relock", "stock"));
+        let owner = owner();
+        let undo = |keys: &LockKeys| {
+            let call = encode([Op::release(keys, &owner, 0, Announce::Undo)].iter(), "PUBLISH");
+            (strings(&call)[2].clone(), call.keys.len(), call.plain)
+        };
+        assert_eq!(undo(&keys), ("y".to_string(), 1, true));
+        assert_eq!(undo(&rw.write(None)), ("O".to_string(), 2, false));
+        assert_eq!(undo(&rw.reader("r1")), ("X".to_string(), 2, false));
+    }
+
     /// The common operations go in short: a fresh acquisition without its target, a plain lock's
     /// full release with neither target nor channel (the script makes it from the lock's name);
     /// any other keeps every argument.
@@ -343,10 +372,10 @@ pub(super) mod tests {
         let owner = owner();
         let ops = [
             acquire(&keys, &owner, 1),
-            Op::release(&keys, &owner, 0, false),
+            Op::release(&keys, &owner, 0, Announce::IfMarked),
             acquire(&keys, &owner, 2),
-            Op::release(&keys, &owner, 1, false),
-            Op::release(&keys, &owner, 0, true),
+            Op::release(&keys, &owner, 1, Announce::IfMarked),
+            Op::release(&keys, &owner, 0, Announce::Always),
         ];
         let call = encode(ops.iter(), "PUBLISH");
         let expect = [
@@ -363,7 +392,7 @@ pub(super) mod tests {
         assert!(call.plain);
 
         // A channel that is not the lock's own keeps the long form.
-        let mut other = Op::release(&keys, &owner, 0, false);
+        let mut other = Op::release(&keys, &owner, 0, Announce::IfMarked);
         if let Op::Release { channel, .. } = &mut other {
             *channel = "elsewhere".into();
         }

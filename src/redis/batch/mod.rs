@@ -51,7 +51,7 @@ mod round;
 mod runs;
 mod undo;
 
-pub(crate) use op::{Granted, Op};
+pub(crate) use op::{Announce, Granted, Op};
 
 /// The most operations in one call: bounds the time one call blocks the server.
 const MAX_BATCH: usize = 256;

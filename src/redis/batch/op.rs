@@ -26,9 +26,8 @@ pub(crate) enum Op {
         channel: Str,
         /// Whose hold: decides the operation and its other keys.
         kind: Kind,
-        /// A plain lock's release is published even if no waiter marked the hold (this client has
-        /// waiters of its own on the channel, who may have left no mark: see `Node::release`).
-        announce: bool,
+        /// Whether and how it is published.
+        announce: Announce,
     },
     /// A plain lock handed from the hold `from` to a new hold `to`: with a token drawn by the call
     /// (`scripts/transfer.lua`), or with the token the client granted it already
@@ -42,6 +41,21 @@ pub(crate) enum Op {
         lease_ms: i64,
         granted: Option<Granted>,
     },
+}
+
+/// How a release is published, where its kind leaves a choice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    /// A plain lock's release is published only if a waiter marked the hold; the other kinds'
+    /// always are.
+    IfMarked,
+    /// A plain lock's release is published even if no waiter marked the hold (this client has
+    /// waiters of its own on the channel, who may have left no mark: see `Node::release`).
+    Always,
+    /// The undo of a grant that a refused round of a quorum made: published as `IfMarked` is, with
+    /// a message that says it is an undo (`~` before the usual one), since it frees nothing a
+    /// holder had. A waiter woken by it waits out its rate limit (see `lock::acquire`).
+    Undo,
 }
 
 /// A handoff that the client granted already, as its record in Redis says it (see
@@ -58,8 +72,8 @@ pub(crate) struct Granted {
 }
 
 impl Op {
-    /// The release of a hold of `keys`, to `target`; `announce` as in [`Op::Release`].
-    pub(crate) fn release(keys: &LockKeys, owner: &Str, target: i64, announce: bool) -> Op {
+    /// The release of a hold of `keys`, to `target`, published as `announce` says.
+    pub(crate) fn release(keys: &LockKeys, owner: &Str, target: i64, announce: Announce) -> Op {
         Op::Release {
             lock: keys.lock.clone(),
             owner: owner.clone(),
@@ -83,7 +97,7 @@ impl Op {
                 target: 0,
                 channel,
                 kind: Kind::Plain,
-                announce: false,
+                announce: Announce::IfMarked,
             } => Ok((lock, owner, channel)),
             op => Err(op),
         }

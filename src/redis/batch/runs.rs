@@ -90,7 +90,7 @@ mod tests {
 
     use super::*;
     use crate::redis::batch::encode::tests::{owner, strings};
-    use crate::redis::batch::op::acquire;
+    use crate::redis::batch::op::{acquire, Announce};
     use crate::redis::keys::LockKeys;
 
     /// The keys of the plain locks `a`, `b`, `c` and `d`.
@@ -118,11 +118,11 @@ mod tests {
         let (owner, keys) = (owner(), four_locks());
         let mut batch = vec![
             pair(acquire(&keys[0], &owner, 1)),
-            pair(Op::release(&keys[1], &owner, 0, false)),
+            pair(Op::release(&keys[1], &owner, 0, Announce::IfMarked)),
             pair(acquire(&keys[2], &owner, 1)),
-            pair(Op::release(&keys[3], &owner, 0, false)),
+            pair(Op::release(&keys[3], &owner, 0, Announce::IfMarked)),
             // The release of a lock acquired ahead of it: the runs keep that order.
-            pair(Op::release(&keys[0], &owner, 0, false)),
+            pair(Op::release(&keys[0], &owner, 0, Announce::IfMarked)),
         ];
         let call = encode_runs(&mut batch, "PUBLISH").expect("in runs");
         assert_eq!(
@@ -162,7 +162,7 @@ mod tests {
     #[test]
     fn releases_alone_and_a_quorums_acquisitions_go_in_runs() {
         let (owner, keys) = (owner(), four_locks());
-        let mut releases = vec![pair(Op::release(&keys[0], &owner, 0, false))];
+        let mut releases = vec![pair(Op::release(&keys[0], &owner, 0, Announce::IfMarked))];
         let call = encode_runs(&mut releases, "SPUBLISH").expect("in runs");
         assert_eq!(strings(&call)[..4], ["A+", "SPUBLISH", "0", "0"]);
 
@@ -189,12 +189,12 @@ mod tests {
         };
         let refused: [Vec<Op>; 3] = [
             vec![
-                Op::release(&keys[0], &owner, 0, false),
+                Op::release(&keys[0], &owner, 0, Announce::IfMarked),
                 acquire(&keys[0], &owner, 1),
             ],
             vec![acquire(&keys[0], &owner, 1), other_lease],
             vec![
-                Op::release(&keys[1], &owner, 0, false),
+                Op::release(&keys[1], &owner, 0, Announce::IfMarked),
                 acquire(&keys[0], &owner, 2),
             ],
         ];

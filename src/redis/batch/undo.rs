@@ -4,7 +4,7 @@
 use fred::types::Value;
 
 use super::encode::{batch_script, encode};
-use super::{Ints, Op, Reply};
+use super::{Announce, Ints, Op, Reply};
 use crate::redis::link::NodeClient;
 use crate::Error;
 
@@ -37,7 +37,7 @@ pub(super) async fn undo_unsynced(
                 channel: channel.clone(),
                 kind: kind.clone(),
                 // A waiter may have been refused in between, and marked nothing it could see.
-                announce: true,
+                announce: Announce::Always,
             });
             *reply = Err(short.clone());
         }

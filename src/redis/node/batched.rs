@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{unexpected, Handed, Node, Released, Vote};
-use crate::redis::batch::{Granted, Ints, Op};
+use crate::redis::batch::{Announce, Granted, Ints, Op};
 use crate::redis::keys::{Kind, LockKeys};
 use crate::redis::link::RetryPause;
 use crate::redis::scripts::not_run;
@@ -52,23 +52,29 @@ impl Node {
         // Waiters of this client may wait without a mark (held back while another owner of this
         // client holds the lock, see `Handoffs::hold_back`): for them, a plain lock's release is
         // announced (the other kinds' always are).
-        let announce =
+        let always =
             target == 0 && matches!(keys.kind, Kind::Plain) && self.waiters.waited_on(keys.wait_channel());
+        let announce = if always {
+            Announce::Always
+        } else {
+            Announce::IfMarked
+        };
         self.release_with(keys, owner, target, announce).await
     }
 
     /// [`release`](Node::release) of a grant that a refused round of a quorum made on this master
-    /// (see `quorum::acquire`): announced only where a waiter marked it. It never was a hold, so no
-    /// waiter of this client was held back behind it; announced to them, it woke a waiter whose
-    /// own attempt then made such a grant and its undo woke the next, for as long as the lock was
-    /// held on a bare majority.
+    /// (see `quorum::acquire`): announced only where a waiter marked it, as an undo. It never was a
+    /// hold, so no waiter of this client was held back behind it; announced to them, it woke a
+    /// waiter whose own attempt then made such a grant and its undo woke the next, for as long as
+    /// the lock was held on a bare majority. A waiter woken by an undo waits out a rate limit
+    /// before it tries (see `lock::acquire`); one woken by a holder's release tries at once.
     pub(crate) async fn undo_grant(
         &self,
         keys: &LockKeys,
         owner: &Str,
         target: u32,
     ) -> Result<Released, Error> {
-        self.release_with(keys, owner, target, false).await
+        self.release_with(keys, owner, target, Announce::Undo).await
     }
 
     async fn release_with(
@@ -76,7 +82,7 @@ impl Node {
         keys: &LockKeys,
         owner: &Str,
         target: u32,
-        announce: bool,
+        announce: Announce,
     ) -> Result<Released, Error> {
         let op = || Op::release(keys, owner, i64::from(target), announce);
         match self.run_batched(op).await?.as_slice() {

@@ -75,11 +75,14 @@ struct Entry {
     /// not wake each other, or themselves, for ever.
     delivered: u64,
     relayed: u64,
+    /// The last wake-up it delivered came from an undo (a message `~…`, see `Node::undo_grant`).
+    undo: bool,
 }
 
 impl Entry {
     /// Wakes every waiter of the channel, named ones included: nothing is left to pass on.
     fn wake_all(&mut self) {
+        self.undo = false;
         self.delivered += 1;
         self.relayed = self.delivered;
         self.notify.notify_waiters();
@@ -90,10 +93,15 @@ impl Entry {
 
     /// Turns one message into wake-ups: `*` (a latch opened, a read-write lock released) wakes
     /// every waiter, names (separated by spaces: a fair lock's next waiters) the waiters of those
-    /// names, anything else (a lock's release) one unnamed waiter.
+    /// names, anything else (a lock's release) one unnamed waiter. A `~` before `*` or a release's
+    /// message marks an undo: it wakes the same waiters, who learn it from [`Subscription::by_undo`].
     fn deliver(&mut self, message: &[u8]) {
+        let undo = message.first() == Some(&b'~');
+        let message = if undo { &message[1..] } else { message };
         if message == b"*" {
-            return self.wake_all();
+            self.wake_all();
+            self.undo = undo;
+            return;
         }
         if !self.named.is_empty() {
             let names = std::str::from_utf8(message).unwrap_or_default().split(' ');
@@ -107,6 +115,7 @@ impl Entry {
             }
         }
         self.delivered += 1;
+        self.undo = undo;
         self.notify.notify_one();
     }
 }
@@ -284,6 +293,15 @@ impl Subscription {
         arm(&self.notify)
     }
 
+    /// Whether the channel's last wake-up came from an undo of a grant that never was a hold (see
+    /// `Node::undo_grant`), not from a holder's release. Read after a wake-up, it tells that
+    /// wake-up's cause, but for a message that came in between (rare, and either way a waiter
+    /// then only tries once too early or too late by its rate limit).
+    pub(crate) fn by_undo(&self) -> bool {
+        let channels = self.shared.channels.lock();
+        channels.get(&self.channel).is_some_and(|entry| entry.undo)
+    }
+
     /// The wake-up of this channel, to pass a release message on to another waiter.
     pub(crate) fn waker(&self) -> Arc<Notify> {
         self.notify.clone()
@@ -346,5 +364,28 @@ fn arm(notify: &Arc<Notify>) -> Armed {
 fn wake_all(shared: &Shared) {
     for entry in shared.channels.lock().values_mut() {
         entry.wake_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `~` before a message marks an undo: it wakes as the message without it does, and the
+    /// channel remembers which kind woke last.
+    #[tokio::test]
+    async fn an_undo_wakes_as_its_message_and_says_so() {
+        let mut entry = Entry::default();
+        let one = arm(&entry.notify);
+        entry.deliver(b"~1");
+        assert!(entry.undo && entry.delivered == 1);
+        one.await;
+        let (first, second) = (arm(&entry.notify), arm(&entry.notify));
+        entry.deliver(b"~*");
+        assert!(entry.undo && entry.relayed == entry.delivered);
+        first.await;
+        second.await;
+        entry.deliver(b"1");
+        assert!(!entry.undo && entry.delivered == 3);
     }
 }
