@@ -492,11 +492,35 @@ async fn run_workloads(topology: Topology, workloads: &[Workload], short_secs: u
     report
 }
 
+/// Event times on the history's clock (`history::now_ns`), to read a worker's trace beside it.
+struct Monotonic;
+
+impl tracing_subscriber::fmt::time::FormatTime for Monotonic {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        write!(w, "{}", history::now_ns())
+    }
+}
+
 /// Child mode: one worker process of a run (see `cluster.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a worker process of the chaos runs, started by them"]
 async fn chaos_worker() {
     if let Some(settings) = Settings::from_env() {
+        // `RELOCK_CHAOS_TRACE=relock=debug` (a `tracing` target list): the worker's events on its
+        // stderr, which the run keeps beside the history (`worker-N.err`).
+        if let Some(targets) = std::env::var("RELOCK_CHAOS_TRACE")
+            .ok()
+            .and_then(|t| t.parse::<tracing_subscriber::filter::Targets>().ok())
+        {
+            use tracing_subscriber::layer::SubscriberExt;
+            let fmt = tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(false)
+                .with_timer(Monotonic);
+            let _ = tracing::subscriber::set_global_default(
+                tracing_subscriber::registry().with(fmt).with(targets),
+            );
+        }
         worker::run(settings).await;
     }
 }
