@@ -654,3 +654,55 @@ async fn the_queue_moves_at_the_end_of_each_fixed_lease() {
     let last = granted[2].1;
     assert!(last < Duration::from_secs(7), "granted at {granted:?}");
 }
+
+/// The waiter named at a fixed-lease grant gives up before that lease ends: its place goes to the
+/// waiter behind, who must learn the holder's lease then. Nobody announces a lease that runs out,
+/// and that waiter slept on the heartbeat of the place ahead of it (30 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_waiter_that_gives_up_passes_the_fixed_lease_on() {
+    let server = RedisServer::start();
+    let config = relock::LockConfig::default(); // 30 s heartbeats
+    let mut clients = Vec::new();
+    for _ in 0..4 {
+        clients.push(
+            LockClient::connect_with(&server.url(), config.clone())
+                .await
+                .unwrap(),
+        );
+    }
+    let name = unique_name("gives-up");
+    let holder = clients[0].fair_lock(&name).acquire().await.unwrap();
+    // First in line, granted with a fixed lease of 3 s once the holder releases.
+    let fixed = clients[1].fair_lock(&name).lease(Duration::from_secs(3));
+    let fixed = tokio::spawn(async move {
+        let guard = fixed.acquire().await.unwrap();
+        // Never released: the lease runs out.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(guard);
+    });
+    assert!(support::eventually(Duration::from_secs(5), || queued(&server, &name) == 1).await);
+    // Second in line: named at that grant, but gives up 2 s from now, during the fixed lease.
+    let quitter = clients[2].fair_lock(&name);
+    let quits_at = Instant::now() + Duration::from_secs(2);
+    let quitter = tokio::spawn(async move { quitter.try_acquire_for(Duration::from_secs(2)).await });
+    assert!(support::eventually(Duration::from_secs(5), || queued(&server, &name) == 2).await);
+    // Third in line: waits on.
+    let last = clients[3].fair_lock(&name);
+    let last = tokio::spawn(async move { (last.acquire().await.unwrap(), Instant::now()) });
+    assert!(support::eventually(Duration::from_secs(5), || queued(&server, &name) == 3).await);
+    holder.release().await.unwrap();
+    let released = Instant::now();
+    assert!(released < quits_at, "released after the quitter gave up");
+    assert!(quitter.await.unwrap().unwrap().is_none(), "the quitter got it");
+    let (_guard, granted) = tokio::time::timeout(Duration::from_secs(40), last)
+        .await
+        .unwrap()
+        .unwrap();
+    // The fixed lease ends about 3 s after the release; before, the last waiter slept 30 s.
+    let after = granted - released;
+    assert!(
+        after < Duration::from_secs(8),
+        "granted {after:?} after the release"
+    );
+    fixed.abort();
+}
