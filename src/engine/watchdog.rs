@@ -28,39 +28,57 @@ use crate::util::telemetry;
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
 const IDLE: Duration = Duration::from_secs(3600);
 
+/// A round in flight: it ends with the earliest deadline of the holds it saw, as it left them.
+type Round = Pin<Box<dyn Future<Output = Option<Instant>> + Send>>;
+
 pub(crate) async fn run(core: Weak<Core>) {
     let mut next_round = Instant::now();
-    let mut round: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
+    let mut round: Option<Round> = None;
+    // The earliest deadline of an active hold, as last seen (by a round or a pass over the holds)
+    // or asked for since: never later than the true one, so no lease runs out unseen; an earlier
+    // one only costs a pass. Every hold is looked at once per round, and otherwise only when a
+    // deadline is due: with many holds, those passes are most of the watchdog's work.
+    let mut earliest: Option<Instant> = None;
+    // What holds that came during the round in flight asked for: the round may not have seen them.
+    let mut asked_in_round: Option<Instant> = None;
+    // The earliest deadline of the holds the round in flight left out (pending ones).
+    let mut skipped: Option<Instant> = None;
     loop {
         let Some(strong) = core.upgrade() else { return };
         if strong.is_closed() {
             return;
         }
-        strong.set_watchdog_wake(None);
+        strong.watchdog.set_wake(None);
+        let asked = strong.watchdog.take_asked();
+        earliest = soonest(earliest, asked);
         let now = Instant::now();
-        if round.is_none() && (now >= next_round || strong.round_asked.swap(false, Ordering::SeqCst)) {
-            round = Some(Box::pin(renew_round(strong.clone())));
+        if round.is_none() && (now >= next_round || strong.watchdog.round_asked.swap(false, Ordering::SeqCst))
+        {
+            // The round's pass, made here: while the round waits for Redis, the loop knows every
+            // deadline (a partitioned round must not hide a lease that runs out meanwhile).
+            let mut holds = Vec::new();
+            let lease = strong.config.get_watchdog_timeout();
+            let seen = survey(&strong, now, Some((&mut holds, lease)));
+            earliest = seen.all;
+            skipped = seen.skipped;
+            round = Some(Box::pin(renew_round(strong.clone(), holds)));
             next_round = now + strong.config.get_renew_interval();
+            asked_in_round = None;
+        } else {
+            if round.is_some() {
+                asked_in_round = soonest(asked_in_round, asked);
+            }
+            if earliest.is_some_and(|at| at <= now) {
+                earliest = survey(&strong, now, None).all;
+            }
         }
         // Sleep until the next round or the first lease that runs out, whichever comes first.
-        let mut wake = if round.is_none() { next_round } else { now + IDLE };
-        for hold in strong.holds.snapshot() {
-            let st = hold.state.lock();
-            if !st.active() {
-                continue;
-            }
-            if st.deadline <= now {
-                let gen = st.gen;
-                drop(st);
-                hold.mark_lost(gen, "the lease ran out before it could be renewed");
-            } else {
-                wake = wake.min(st.deadline);
-            }
-        }
+        let wake = if round.is_none() { next_round } else { now + IDLE };
+        let wake = earliest.map_or(wake, |at| wake.min(at));
         // No strong reference while idle, so that dropping the last handle drops the client (a
         // round in flight keeps it for at most one node timeout).
-        let kick = strong.watchdog_kick.clone();
-        strong.set_watchdog_wake(Some(wake));
+        let kick = strong.watchdog.kick.clone();
+        strong.watchdog.set_wake(Some(wake));
         drop(strong);
         let in_flight = async {
             match round.as_mut() {
@@ -71,44 +89,82 @@ pub(crate) async fn run(core: Weak<Core>) {
         tokio::select! {
             () = kick.notified() => {}
             () = tokio::time::sleep_until(wake) => {}
-            () = in_flight => round = None,
+            seen = in_flight => {
+                round = None;
+                earliest = soonest(seen, soonest(skipped.take(), asked_in_round.take()));
+            }
         }
     }
 }
 
-/// One hold in a round: its generation, Redis field and the lease to set (zero: only check).
+fn soonest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// What a pass over the holds saw: the earliest deadline of the active holds, and of those it did
+/// not collect for a round.
+struct Seen {
+    all: Option<Instant>,
+    skipped: Option<Instant>,
+}
+
+/// One pass over the holds: marks lost those whose lease ran out by `now`, and tells the earliest
+/// deadline of the others. With `renewals`, also collects a [`Renewal`] of each hold the watchdog
+/// renews (or checks) now, with `lease` for watchdog-mode holds.
+fn survey(core: &Core, now: Instant, mut renewals: Option<(&mut Vec<Renewal>, Duration)>) -> Seen {
+    let mut seen = Seen {
+        all: None,
+        skipped: None,
+    };
+    for hold in core.holds.snapshot() {
+        let st = hold.state.lock();
+        if !st.active() {
+            continue;
+        }
+        if st.deadline <= now {
+            let gen = st.gen;
+            drop(st);
+            hold.mark_lost(gen, "the lease ran out before it could be renewed");
+            continue;
+        }
+        seen.all = soonest(seen.all, Some(st.deadline));
+        // A handoff's call on its way confirms a pending hold, or ends it.
+        match renewals.as_mut().filter(|_| !st.pending) {
+            Some((renewals, lease)) => {
+                let renewal = Renewal {
+                    hold: hold.clone(),
+                    gen: st.gen,
+                    field: st.field.clone(),
+                    lease: if st.watchdog { *lease } else { Duration::ZERO },
+                    deadline: st.deadline,
+                };
+                drop(st);
+                renewals.push(renewal);
+            }
+            None => seen.skipped = soonest(seen.skipped, Some(st.deadline)),
+        }
+    }
+    seen
+}
+
+/// One hold in a round: its generation, Redis field, the lease to set (zero: only check) and its
+/// deadline when the round began.
 struct Renewal {
     hold: Arc<Hold>,
     gen: u64,
     field: Str,
     lease: Duration,
+    deadline: Instant,
 }
 
-/// Renews every active watchdog-mode hold once, and checks every fixed-lease one.
-async fn renew_round(core: Arc<Core>) {
-    let lease = core.config.get_watchdog_timeout();
-    let holds: Vec<Renewal> = core
-        .holds
-        .snapshot()
-        .into_iter()
-        .filter_map(|hold| {
-            let st = hold.state.lock();
-            // A handoff's call on its way confirms a pending hold, or ends it.
-            if !st.active() || st.pending {
-                return None;
-            }
-            let renewal = Renewal {
-                hold: hold.clone(),
-                gen: st.gen,
-                field: st.field.clone(),
-                lease: if st.watchdog { lease } else { Duration::ZERO },
-            };
-            drop(st);
-            Some(renewal)
-        })
-        .collect();
+/// Renews every active watchdog-mode hold once, and checks every fixed-lease one (`holds`, from
+/// the loop's pass); returns the earliest deadline of those holds, as it left them.
+async fn renew_round(core: Arc<Core>, holds: Vec<Renewal>) -> Option<Instant> {
     if holds.is_empty() {
-        return;
+        return None;
     }
     // Its events (renewal failures, losses) nest in the round's span.
     let span = tracing::debug_span!(
@@ -119,7 +175,8 @@ async fn renew_round(core: Arc<Core>) {
     );
     // The client's record (see `redis/identity.rs`) goes beside the round, on every master.
     let record = write_record(&core);
-    futures::join!(renew(&core, holds).instrument(span), record);
+    let (renewed, ()) = futures::join!(renew(&core, holds).instrument(span), record);
+    renewed
 }
 
 /// Writes this client's record with the watchdog's lease on every master. Best effort: a failure
@@ -139,7 +196,8 @@ async fn write_record(core: &Core) {
 }
 
 /// One round over `holds`: renewed where a majority confirms, lost where a majority has lost them.
-async fn renew(core: &Core, holds: Vec<Renewal>) {
+/// Returns the earliest of their deadlines, as it left them.
+async fn renew(core: &Core, holds: Vec<Renewal>) -> Option<Instant> {
     let lease = core.config.get_watchdog_timeout();
     let start = Instant::now();
 
@@ -168,13 +226,16 @@ async fn renew(core: &Core, holds: Vec<Renewal>) {
     let most_gone = core.masters.nodes.len() - needed;
     let deadline = start + lease.saturating_sub(core.masters.config.drift(lease));
     let mut ok = 0;
+    let mut earliest = None;
     for (i, r) in holds.iter().enumerate() {
+        let mut left = r.deadline;
         if renewed[i] >= needed {
             if !r.lease.is_zero() {
                 let mut st = r.hold.state.lock();
                 if st.gen == r.gen && st.active() && deadline > st.deadline {
                     st.deadline = deadline;
                 }
+                left = st.deadline;
             }
             ok += 1;
         } else if gone[i] > most_gone {
@@ -182,6 +243,7 @@ async fn renew(core: &Core, holds: Vec<Renewal>) {
         } else {
             tracing::warn!(lock = %r.hold.keys.name, renewed = renewed[i], needed, "renewal missed a majority; retrying next round");
         }
+        earliest = soonest(earliest, Some(left));
     }
     let renewals = holds.iter().filter(|r| !r.lease.is_zero()).count() as u64;
     let confirmed = holds
@@ -196,4 +258,5 @@ async fn renew(core: &Core, holds: Vec<Renewal>) {
     span.record("renewed", ok);
     span.record("elapsed_us", elapsed_us);
     tracing::debug!(renewed = ok, holds = holds.len(), elapsed_us, "watchdog round");
+    earliest
 }

@@ -66,7 +66,7 @@ pub use server::{free_port, spawn_redis, spawn_tied, Server};
 pub async fn lose(guard: &LockGuard) -> Result<(), Error> {
     let (core, hold) = guard.engine_parts();
     crate::primitives::lock::remove(core, &hold.keys).await?;
-    core.renew_now();
+    core.watchdog.renew_now();
     let bound = core.config.get_renew_interval() + 2 * core.config.get_command_timeout();
     tokio::time::timeout(bound, guard.lost())
         .await

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -29,6 +29,9 @@ use crate::Error;
 
 mod handoff;
 mod record;
+mod signals;
+
+pub(crate) use signals::Signals;
 
 /// The outcome of one attempt.
 pub(crate) enum Attempt {
@@ -46,16 +49,10 @@ pub(crate) struct Core {
     /// This client's waiters that a release may hand its lock to (see `engine/core/handoff.rs`).
     pub(crate) handoffs: Handoffs,
     jobs: mpsc::UnboundedSender<(Arc<Core>, Job)>,
-    pub(crate) watchdog_kick: Arc<Notify>,
+    /// How the watchdog is woken, and what it is told (see `engine/watchdog.rs`).
+    pub(crate) watchdog: Signals,
     /// The bounds of attempts (see `util/deadline.rs`).
     deadlines: Deadlines,
-    /// When the watchdog will wake next, in µs since `epoch`; `u64::MAX` while it is awake (it then
-    /// sees every hold as it is). A new hold kicks it only if its deadline comes before that, so
-    /// that a busy lock does not wake the watchdog (and its pass over every hold) per acquisition.
-    watchdog_wake: AtomicU64,
-    /// A renewal round asked for now, not at the next interval (see `testing::lose`).
-    pub(crate) round_asked: AtomicBool,
-    epoch: Instant,
     closed: AtomicBool,
     /// The longest fixed lease granted, in ms: restarted masters sit out at least this long.
     longest_lease_ms: AtomicU64,
@@ -85,7 +82,7 @@ pub(crate) type UndoKey = (Str, Str);
 impl Drop for Core {
     fn drop(&mut self) {
         // Lets the watchdog see that the client is gone.
-        self.watchdog_kick.notify_one();
+        self.watchdog.kick.notify_one();
     }
 }
 
@@ -117,11 +114,8 @@ impl Core {
             holds,
             handoffs,
             jobs,
-            watchdog_kick: Arc::new(Notify::new()),
+            watchdog: Signals::default(),
             deadlines: Deadlines::start(),
-            watchdog_wake: AtomicU64::new(u64::MAX),
-            round_asked: AtomicBool::new(false),
-            epoch: Instant::now(),
             closed: AtomicBool::new(false),
             longest_lease_ms: AtomicU64::new(0),
             owns_clients,
@@ -154,33 +148,10 @@ impl Core {
         fixed.max(self.config.get_watchdog_timeout())
     }
 
-    /// The watchdog is awake (or will sleep until `Some(wake)`): see `watchdog_wake`.
-    pub(crate) fn set_watchdog_wake(&self, wake: Option<Instant>) {
-        let at = wake.map_or(u64::MAX, |wake| self.micros(wake));
-        self.watchdog_wake.store(at, Ordering::SeqCst);
-    }
-
-    /// Kicks the watchdog if a hold that runs out at `deadline` needs it sooner than it will wake.
-    /// The hold's deadline is set before this is called, and the watchdog marks itself awake before
-    /// it reads the holds: either it sees the hold, or this sees it awake and kicks.
+    /// Kicks the watchdog if a hold that runs out at `deadline` needs it sooner than it will wake
+    /// (see [`Signals::wake_for`]).
     pub(crate) fn wake_watchdog_for(&self, deadline: Instant) {
-        if self.micros(deadline) < self.watchdog_wake.load(Ordering::SeqCst) {
-            self.watchdog_kick.notify_one();
-        }
-    }
-
-    /// Has the watchdog start a renewal round now (or as soon as the one in flight ends), which
-    /// finds holds removed behind this client's back.
-    #[cfg(feature = "testing")]
-    pub(crate) fn renew_now(&self) {
-        self.round_asked.store(true, Ordering::SeqCst);
-        self.watchdog_kick.notify_one();
-    }
-
-    fn micros(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch)
-            .as_micros()
-            .min(u64::MAX as u128 - 1) as u64
+        self.watchdog.wake_for(deadline);
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -587,7 +558,7 @@ impl Core {
         {
             tracing::warn!(client = %self.id, "shutdown: some releases did not finish; they expire with their leases");
         }
-        self.watchdog_kick.notify_one();
+        self.watchdog.kick.notify_one();
         for node in &self.masters.nodes {
             node.waiters.wake_all();
         }
