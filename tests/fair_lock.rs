@@ -22,6 +22,15 @@ async fn client(url: &str) -> LockClient {
         .expect("connect")
 }
 
+/// `n` clients of the default settings: 30 s heartbeats, the bound a waiter sleeps on.
+async fn default_clients(server: &RedisServer, n: usize) -> Vec<LockClient> {
+    let mut clients = Vec::new();
+    for _ in 0..n {
+        clients.push(LockClient::connect(&server.url()).await.expect("connect"));
+    }
+    clients
+}
+
 fn queue_key(name: &str) -> String {
     format!("relock:{{{name}}}:fair:queue")
 }
@@ -610,15 +619,7 @@ async fn a_short_fixed_lease_waiter_keeps_its_place() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_moves_at_the_end_of_each_fixed_lease() {
     let server = RedisServer::start();
-    let config = relock::LockConfig::default(); // 30 s heartbeats
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        clients.push(
-            LockClient::connect_with(&server.url(), config.clone())
-                .await
-                .unwrap(),
-        );
-    }
+    let clients = default_clients(&server, 4).await;
     let name = unique_name("fixed-leases");
     let lease = Duration::from_secs(1);
     let start = Instant::now();
@@ -661,15 +662,7 @@ async fn the_queue_moves_at_the_end_of_each_fixed_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_waiter_that_gives_up_passes_the_fixed_lease_on() {
     let server = RedisServer::start();
-    let config = relock::LockConfig::default(); // 30 s heartbeats
-    let mut clients = Vec::new();
-    for _ in 0..4 {
-        clients.push(
-            LockClient::connect_with(&server.url(), config.clone())
-                .await
-                .unwrap(),
-        );
-    }
+    let clients = default_clients(&server, 4).await;
     let name = unique_name("gives-up");
     let holder = clients[0].fair_lock(&name).acquire().await.unwrap();
     // First in line, granted with a fixed lease of 3 s once the holder releases.
