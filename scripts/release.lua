@@ -6,11 +6,11 @@
 -- publish: the command that announces it (PUBLISH or SPUBLISH); message: '1' wakes one waiter per
 -- client, '*' every waiter (a read-write lock's waiters differ: a reader woken in a writer's place
 -- would leave the writer asleep), either with '~' before it for the undo of a grant that never
--- was a hold (a refused round of a quorum; see batch.lua's 'y'); index: false, or the set that lists `lock` (a read-write lock's
--- readers), from which a released reader key is removed; marks: a plain lock's release, which
--- publishes only when a waiter marked the hold (see acquire.lua: the mark `owner~` goes with the
--- hold), or false: always (the client has waiters of its own on the channel, or the waiters of this
--- kind leave no mark).
+-- was a hold (a refused round of a quorum; see batch.lua's 'y'); index: false, or the set that
+-- lists `lock` (a read-write lock's readers), from which a released reader key is removed; marks:
+-- a plain lock's release, which publishes only when a waiter marked the hold (see acquire.lua: the
+-- mark `owner~` goes with the hold), or false: always (the client has waiters of its own on the
+-- channel, or the waiters of this kind leave no mark).
 --
 -- Setting (not decrementing) the count makes a repeated call harmless.
 -- Returns 0 when the owner does not hold the lock (nothing changed), 1 when a count is left,

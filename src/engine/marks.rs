@@ -42,7 +42,7 @@ impl Core {
         st.deadline = deadline;
         let grant = Grant::of(&hold, &st);
         drop(st);
-        self.wake_watchdog_for(deadline);
+        self.watchdog.wake_for(deadline);
         Ok(grant)
     }
 }

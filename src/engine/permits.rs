@@ -95,7 +95,7 @@ impl Core {
             self.holds.retire_if_idle(&hold);
             return Err(Error::Shutdown);
         };
-        self.wake_watchdog_for(deadline);
+        self.watchdog.wake_for(deadline);
         tracing::debug!(semaphore = %sem.name, holder = %holder, n, "permits acquired");
         Ok(PermitAttempt::Granted { grant, free })
     }

@@ -81,7 +81,7 @@ impl Core {
                 [1, rest @ ..] if rest.len() == 2 * keys.len() => {
                     if let Some(grants) = self.grant_all(keys, &holds, &asks, rest, start, mode).await {
                         if let Some(soonest) = grants.iter().map(|g| g.hold.state.lock().deadline).min() {
-                            self.wake_watchdog_for(soonest);
+                            self.watchdog.wake_for(soonest);
                         }
                         tracing::debug!(locks = keys.len(), owner = %owner, "lock set acquired");
                         return Ok(SetAttempt::Granted(grants));

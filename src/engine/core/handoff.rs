@@ -438,7 +438,7 @@ impl Core {
     fn deliver(self: &Arc<Self>, from: &Hold, to: &Arc<Hold>, candidate: Candidate, grant: Grant) {
         let keys = &from.keys;
         self.handoffs.handed(&keys.lock, to, grant.gen);
-        self.wake_watchdog_for(to.state.lock().deadline);
+        self.watchdog.wake_for(to.state.lock().deadline);
         tracing::debug!(lock = %keys.name, from = %from.owner, to = %candidate.owner, token = grant.token, "lock handed over");
         if let Err(grant) = candidate.grant.send(grant) {
             // The waiter left meanwhile.

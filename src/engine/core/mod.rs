@@ -148,12 +148,6 @@ impl Core {
         fixed.max(self.config.get_watchdog_timeout())
     }
 
-    /// Kicks the watchdog if a hold that runs out at `deadline` needs it sooner than it will wake
-    /// (see [`Signals::wake_for`]).
-    pub(crate) fn wake_watchdog_for(&self, deadline: Instant) {
-        self.watchdog.wake_for(deadline);
-    }
-
     pub(crate) fn is_closed(&self) -> bool {
         self.closed.load(Ordering::Acquire)
     }
@@ -246,7 +240,7 @@ impl Core {
             };
             if !reentry {
                 // The watchdog may have to wake earlier for this lease.
-                self.wake_watchdog_for(deadline);
+                self.watchdog.wake_for(deadline);
                 tracing::debug!(lock = %keys.name, owner = %owner, token, "lock acquired");
             }
             return Ok(Attempt::Granted(grant));
