@@ -1,12 +1,12 @@
 //! Renewals: a node's holds renewed (or checked) in few script calls, one per slot and lease.
 
-use fred::bytes_utils::Str;
+use fred::bytes::Bytes;
+use std::ops::Range;
 use std::time::Duration;
 
 use fred::types::{Key, Value};
 
 use super::{millis, unexpected, Node, RENEW_BATCH};
-use crate::redis::keys::LockKeys;
 use crate::redis::link::Reply;
 use crate::redis::scripts::scripts;
 use crate::Error;
@@ -16,28 +16,17 @@ use crate::Error;
 const RENEW_WAVE: usize = 1024;
 
 impl Node {
-    /// Renews (lease > 0) or checks (lease 0) holds, given as lock keys, the hold's field and the
-    /// lease; one flag per hold, true if still held. One script call per slot and lease (and per
-    /// [`RENEW_BATCH`] holds), all sent at once: the lease goes once per call, and a call answers
-    /// only the holds that are gone. With synced writes, a call that too few replicas
-    /// acknowledged fails for its holds: a failed renewal, not a loss.
-    pub(crate) async fn renew(&self, locks: &[(&LockKeys, &Str, Duration)]) -> Vec<Result<bool, Error>> {
-        let mut groups: Vec<Vec<usize>> = Vec::new();
-        for slot in self
-            .link
-            .topology
-            .by_slot(locks.iter().enumerate(), |(_, lock)| &lock.0.lock)
-        {
-            // Every watchdog hold has the same lease: most slots make one group.
-            let mut by_lease: Vec<(Duration, Vec<usize>)> = Vec::new();
-            for (i, lock) in slot {
-                match by_lease.iter_mut().find(|(lease, _)| *lease == lock.2) {
-                    Some((_, group)) => group.push(i),
-                    None => by_lease.push((lock.2, vec![i])),
-                }
-            }
-            groups.extend(by_lease.into_iter().map(|(_, group)| group));
-        }
+    /// Renews (lease > 0) or checks (lease 0) holds, given as where the lock key and the hold's
+    /// field are in `bytes`, and the lease; one flag per hold, true if still held. One script call
+    /// per slot and lease (and per [`RENEW_BATCH`] holds), all sent at once: the lease goes once per
+    /// call, and a call answers only the holds that are gone. With synced writes, a call that too
+    /// few replicas acknowledged fails for its holds: a failed renewal, not a loss.
+    pub(crate) async fn renew(
+        &self,
+        bytes: &Bytes,
+        locks: &[(Range<usize>, Range<usize>, Duration)],
+    ) -> Vec<Result<bool, Error>> {
+        let groups = self.renew_groups(bytes, locks);
         let chunks: Vec<&[usize]> = groups
             .iter()
             .flat_map(|group| group.chunks(RENEW_BATCH))
@@ -45,11 +34,18 @@ impl Node {
         let calls: Vec<(Vec<Key>, Vec<Value>)> = chunks
             .iter()
             .map(|chunk| {
-                let keys = chunk.iter().map(|&i| Key::from(&locks[i].0.lock)).collect();
+                let keys = chunk
+                    .iter()
+                    .map(|&i| Key::from(bytes.slice(locks[i].0.clone())))
+                    .collect();
                 let mut args = Vec::with_capacity(chunk.len() + 1);
                 args.push(millis(locks[chunk[0]].2));
-                // The hold's own bytes, shared: no copy per renewal.
-                args.extend(chunk.iter().map(|&i| Value::String(locks[i].1.clone())));
+                // Slices of the round's one buffer: no copy, and no reference to the hold's own.
+                args.extend(
+                    chunk
+                        .iter()
+                        .map(|&i| Value::Bytes(bytes.slice(locks[i].1.clone()))),
+                );
                 (keys, args)
             })
             .collect();
@@ -91,5 +87,32 @@ impl Node {
             }
         }
         out
+    }
+
+    /// The holds of [`renew`](Self::renew) (their positions) grouped by slot, then by lease.
+    fn renew_groups(
+        &self,
+        bytes: &Bytes,
+        locks: &[(Range<usize>, Range<usize>, Duration)],
+    ) -> Vec<Vec<usize>> {
+        // Keys are copied from `Str`s, so they are UTF-8 (a key that were not would only be
+        // grouped in slot 0, and its call refused by the server).
+        let keyed = locks.iter().enumerate().map(|(i, lock)| {
+            let key = std::str::from_utf8(&bytes[lock.0.clone()]).unwrap_or_default();
+            (i, lock, key)
+        });
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for slot in self.link.topology.by_slot(keyed, |(_, _, key)| key) {
+            // Every watchdog hold has the same lease: most slots make one group.
+            let mut by_lease: Vec<(Duration, Vec<usize>)> = Vec::new();
+            for (i, lock, _) in slot {
+                match by_lease.iter_mut().find(|(lease, _)| *lease == lock.2) {
+                    Some((_, group)) => group.push(i),
+                    None => by_lease.push((lock.2, vec![i])),
+                }
+            }
+            groups.extend(by_lease.into_iter().map(|(_, group)| group));
+        }
+        groups
     }
 }
