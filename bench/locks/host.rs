@@ -254,7 +254,10 @@ pub async fn measured<T>(servers: &[&RedisServer], run: impl Future<Output = T>)
     (out, cost)
 }
 
-/// Watchdog rounds, read from relock's own `tracing` event (target `relock::watchdog`, message
+/// The `tracing` target of relock's watchdog (its module's path): where [`RoundLog`] listens.
+pub const WATCHDOG_TARGET: &str = "relock::engine::watchdog";
+
+/// Watchdog rounds, read from relock's own `tracing` event (target [`WATCHDOG_TARGET`], message
 /// "watchdog round", integer field `elapsed_us`).
 #[derive(Clone, Default)]
 pub struct RoundLog(Arc<parking_lot::Mutex<Vec<Duration>>>);
@@ -291,7 +294,7 @@ impl tracing::field::Visit for ElapsedVisitor {
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for RoundLog {
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        if event.metadata().target() == "relock::watchdog" {
+        if event.metadata().target() == WATCHDOG_TARGET {
             let mut visitor = ElapsedVisitor(None);
             event.record(&mut visitor);
             if let Some(us) = visitor.0 {

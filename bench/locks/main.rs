@@ -226,8 +226,8 @@ fn main() {
     {
         use tracing_subscriber::layer::SubscriberExt;
         use tracing_subscriber::Layer;
-        let filter =
-            tracing_subscriber::filter::Targets::new().with_target("relock::watchdog", tracing::Level::DEBUG);
+        let filter = tracing_subscriber::filter::Targets::new()
+            .with_target(host::WATCHDOG_TARGET, tracing::Level::DEBUG);
         let subscriber = tracing_subscriber::registry().with(rounds.clone().with_filter(filter));
         tracing::subscriber::set_global_default(subscriber).expect("tracing subscriber");
     }
