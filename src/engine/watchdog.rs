@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use crate::engine::core::Core;
 use crate::engine::hold::Hold;
+use crate::redis::node::{RenewItem, Renewed};
 use crate::util::telemetry;
 
 /// How far ahead the watchdog sleeps when nothing is due (it is kicked for anything new).
@@ -133,6 +134,7 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
         }
         // A key and a field are about 70 bytes.
         batch.holds.reserve(holds.len());
+        batch.items.reserve(holds.len());
         batch.bytes.reserve(holds.len() * 80);
     }
     for hold in holds {
@@ -155,14 +157,8 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
                 let key = batch.copy(hold.keys.lock.as_bytes());
                 let field = batch.copy(st.field.as_bytes());
                 drop(st);
-                batch.holds.push(Renewal {
-                    hold,
-                    gen,
-                    key,
-                    field,
-                    lease,
-                    deadline,
-                });
+                batch.holds.push(Renewal { hold, gen, deadline });
+                batch.items.push(RenewItem { key, field, lease });
             }
             None => seen.skipped = soonest(seen.skipped, Some(st.deadline)),
         }
@@ -176,6 +172,8 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
 #[derive(Default)]
 struct Batch {
     holds: Vec<Renewal>,
+    /// What the calls need of each hold, in the same order.
+    items: Vec<RenewItem>,
     bytes: BytesMut,
 }
 
@@ -188,23 +186,23 @@ impl Batch {
     }
 }
 
-/// One hold in a round: its generation, where its lock key and Redis field are in the round's
-/// buffer, the lease to set (zero: only check) and its deadline when the round began.
+/// One hold in a round: its generation and its deadline when the round began.
 struct Renewal {
     hold: Arc<Hold>,
     gen: u64,
-    key: Range<usize>,
-    field: Range<usize>,
-    lease: Duration,
     deadline: Instant,
 }
 
 /// Renews every active watchdog-mode hold once, and checks every fixed-lease one (`batch`, from
 /// the loop's pass); returns the earliest deadline of those holds, as it left them.
 async fn renew_round(core: Arc<Core>, batch: Batch) -> (Option<Instant>, Batch) {
-    let Batch { mut holds, bytes } = batch;
+    let Batch {
+        mut holds,
+        mut items,
+        bytes,
+    } = batch;
     if holds.is_empty() {
-        return (None, Batch { holds, bytes });
+        return (None, Batch { holds, items, bytes });
     }
     // Its events (renewal failures, losses) nest in the round's span.
     let span = tracing::debug_span!(
@@ -216,8 +214,9 @@ async fn renew_round(core: Arc<Core>, batch: Batch) -> (Option<Instant>, Batch) 
     // The client's record (see `redis/identity.rs`) goes beside the round, on every master.
     let record = write_record(&core);
     let bytes = bytes.freeze();
-    let (renewed, ()) = futures::join!(renew(&core, &holds, &bytes).instrument(span), record);
+    let (renewed, ()) = futures::join!(renew(&core, &holds, &items, &bytes).instrument(span), record);
     holds.clear();
+    items.clear();
     // Unique again once every call is done with its slices; if not, the next round allocates.
     let bytes = bytes.try_into_mut().map_or_else(
         |_| BytesMut::new(),
@@ -226,7 +225,7 @@ async fn renew_round(core: Arc<Core>, batch: Batch) -> (Option<Instant>, Batch) 
             bytes
         },
     );
-    (renewed, Batch { holds, bytes })
+    (renewed, Batch { holds, items, bytes })
 }
 
 /// Writes this client's record with the watchdog's lease on every master. Best effort: a failure
@@ -247,30 +246,26 @@ async fn write_record(core: &Core) {
 
 /// One round over `holds`: renewed where a majority confirms, lost where a majority has lost them.
 /// Returns the earliest of their deadlines, as it left them.
-async fn renew(core: &Core, holds: &[Renewal], bytes: &Bytes) -> Option<Instant> {
+async fn renew(core: &Core, holds: &[Renewal], items: &[RenewItem], bytes: &Bytes) -> Option<Instant> {
     let lease = core.config.get_watchdog_timeout();
     let start = Instant::now();
 
     // One call per node and slot (see `Node::renew`), every node at once.
-    let locks: Vec<_> = holds
-        .iter()
-        .map(|r| (r.key.clone(), r.field.clone(), r.lease))
-        .collect();
-    let requests = core.masters.nodes.iter().map(|node| node.renew(bytes, &locks));
+    let requests = core.masters.nodes.iter().map(|node| node.renew(bytes, items));
     let replies = futures::future::join_all(requests).await;
 
-    let mut renewed = vec![0usize; holds.len()];
-    let mut gone = vec![0usize; holds.len()];
-    for (n, flags) in replies.into_iter().enumerate() {
-        let mut failed = None;
-        for (i, flag) in flags.into_iter().enumerate() {
+    // Counts of nodes per hold (a quorum has a handful of masters).
+    let mut renewed = vec![0u16; holds.len()];
+    let mut gone = vec![0u16; holds.len()];
+    for (n, reply) in replies.into_iter().enumerate() {
+        for (i, flag) in reply.flags.into_iter().enumerate() {
             match flag {
-                Ok(true) => renewed[i] += 1,
-                Ok(false) => gone[i] += 1,
-                Err(err) => failed = Some(err),
+                Renewed::Held => renewed[i] += 1,
+                Renewed::Gone => gone[i] += 1,
+                Renewed::Failed => {}
             }
         }
-        if let Some(err) = failed {
+        if let Some(err) = reply.error {
             tracing::warn!(node = %core.masters.nodes[n].server, %err, "renewal failed");
         }
     }
@@ -280,10 +275,18 @@ async fn renew(core: &Core, holds: &[Renewal], bytes: &Bytes) -> Option<Instant>
     let deadline = start + lease.saturating_sub(core.masters.config.drift(lease));
     let mut ok = 0;
     let mut earliest = None;
-    for (i, r) in holds.iter().enumerate() {
+    let needed = u16::try_from(needed).unwrap_or(u16::MAX);
+    let most_gone = u16::try_from(most_gone).unwrap_or(u16::MAX);
+    // Watchdog-mode holds, and those of them renewed (fixed leases are only checked).
+    let (mut renewals, mut confirmed) = (0u64, 0u64);
+    for (i, (r, item)) in holds.iter().zip(items).enumerate() {
         let mut left = r.deadline;
+        if !item.lease.is_zero() {
+            renewals += 1;
+            confirmed += u64::from(renewed[i] >= needed);
+        }
         if renewed[i] >= needed {
-            if !r.lease.is_zero() {
+            if !item.lease.is_zero() {
                 let mut st = r.hold.state.lock();
                 if st.gen == r.gen && st.active() && deadline > st.deadline {
                     st.deadline = deadline;
@@ -298,12 +301,6 @@ async fn renew(core: &Core, holds: &[Renewal], bytes: &Bytes) -> Option<Instant>
         }
         earliest = soonest(earliest, Some(left));
     }
-    let renewals = holds.iter().filter(|r| !r.lease.is_zero()).count() as u64;
-    let confirmed = holds
-        .iter()
-        .enumerate()
-        .filter(|(i, r)| !r.lease.is_zero() && renewed[*i] >= needed)
-        .count() as u64;
     telemetry::renewals(confirmed, renewals - confirmed);
     // `elapsed_us` as an integer, so that a subscriber (the bench) reads it without parsing text.
     let elapsed_us = start.elapsed().as_micros().min(u64::MAX as u128) as u64;

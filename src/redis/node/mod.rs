@@ -28,6 +28,7 @@ mod health;
 mod init;
 mod record;
 mod renew;
+pub(crate) use renew::{RenewItem, Renewed};
 mod requests;
 
 /// The most locks renewed by one script call: bounds the time one call blocks the server.
