@@ -44,10 +44,10 @@ pub(crate) struct RenewReply {
 
 impl Node {
     /// Renews (lease > 0) or checks (lease 0) `locks`, whose keys and fields are in `bytes`; one
-    /// flag per hold. One script call
-    /// per slot and lease (and per [`RENEW_BATCH`] holds), all sent at once: the lease goes once per
-    /// call, and a call answers only the holds that are gone. With synced writes, a call that too
-    /// few replicas acknowledged fails for its holds: a failed renewal, not a loss.
+    /// flag per hold. One script call per slot and lease (and per [`RENEW_BATCH`] holds), all sent
+    /// at once: the lease goes once per call, and a call answers only the holds that are gone. With
+    /// synced writes, a call that too few replicas acknowledged fails for its holds: a failed
+    /// renewal, not a loss.
     pub(crate) async fn renew(&self, bytes: &Bytes, locks: &[RenewItem]) -> RenewReply {
         let groups = self.renew_groups(bytes, locks);
         let chunks: Vec<&[usize]> = groups
