@@ -18,7 +18,7 @@ use tokio::time::Instant;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
-    // `RUST_LOG` as targets and levels (`relock=debug,relock::watchdog=trace`).
+    // `RUST_LOG` as targets and levels (`relock=debug,relock::engine::watchdog=trace`).
     let filter: tracing_subscriber::filter::Targets = std::env::var("RUST_LOG")
         .ok()
         .and_then(|spec| spec.parse().ok())

@@ -270,23 +270,21 @@ async fn renew(core: &Core, holds: &[Renewal], items: &[RenewItem], bytes: &Byte
         }
     }
 
-    let needed = core.masters.needed();
-    let most_gone = core.masters.nodes.len() - needed;
+    let (nodes, needed) = (core.masters.nodes.len(), core.masters.needed());
+    let most_gone = u16::try_from(nodes - needed).unwrap_or(u16::MAX);
+    let needed = u16::try_from(needed).unwrap_or(u16::MAX);
     let deadline = start + lease.saturating_sub(core.masters.config.drift(lease));
     let mut ok = 0;
     let mut earliest = None;
-    let needed = u16::try_from(needed).unwrap_or(u16::MAX);
-    let most_gone = u16::try_from(most_gone).unwrap_or(u16::MAX);
     // Watchdog-mode holds, and those of them renewed (fixed leases are only checked).
     let (mut renewals, mut confirmed) = (0u64, 0u64);
     for (i, (r, item)) in holds.iter().zip(items).enumerate() {
         let mut left = r.deadline;
-        if !item.lease.is_zero() {
-            renewals += 1;
-            confirmed += u64::from(renewed[i] >= needed);
-        }
+        let watched = !item.lease.is_zero();
+        renewals += u64::from(watched);
         if renewed[i] >= needed {
-            if !item.lease.is_zero() {
+            if watched {
+                confirmed += 1;
                 let mut st = r.hold.state.lock();
                 if st.gen == r.gen && st.active() && deadline > st.deadline {
                     st.deadline = deadline;
