@@ -224,6 +224,7 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
     }
     let start = now_ns();
     let mut nemesis = Nemesis::new(seed, LEASE);
+    nemesis.hunt = std::env::var_os("RELOCK_CHAOS_HUNT").is_some();
     if workloads != [Workload::Lock] {
         // The family's short runs are short: open them with a crashed holder (the lock's runs keep
         // the schedules their seeds replay).
@@ -286,8 +287,9 @@ async fn run(topology: Topology, workloads: &[Workload], short_secs: u64) -> (Re
         .map(|(fault, n)| format!("{} {n}", fault.name()))
         .collect();
     let summary = format!(
-        "chaos {name} seed={seed} {}s: faults [{}]; {report}",
+        "chaos {name} seed={seed} {}s{}: faults [{}]; {report}",
         length.as_secs(),
+        if nemesis.hunt { " hunting" } else { "" },
         faults.join(", ")
     );
     println!("{summary}");

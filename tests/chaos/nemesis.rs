@@ -86,6 +86,21 @@ impl Fault {
         ];
         std::iter::once(loses_data).chain(common).collect()
     }
+
+    /// The menu of a hunt (`RELOCK_CHAOS_HUNT`): the faults that lose or freeze a server's state
+    /// drawn three times as often, where a rare history is likeliest.
+    fn hunting_menu(topology: Topology) -> Vec<Fault> {
+        let mut menu = Fault::menu(topology);
+        let heavy: Vec<Fault> = menu
+            .iter()
+            .copied()
+            .filter(|f| matches!(f, Fault::RestartServers | Fault::Failover | Fault::PauseServers))
+            .collect();
+        for _ in 0..2 {
+            menu.extend(&heavy);
+        }
+        menu
+    }
 }
 
 pub struct Nemesis {
@@ -95,6 +110,9 @@ pub struct Nemesis {
     /// Faults to draw the first one from, until one of them hits (empty: the whole menu). A short
     /// run has room for a few faults only: this makes sure a holder crashes in it.
     pub opening: Vec<Fault>,
+    /// A hunt for rare histories (`RELOCK_CHAOS_HUNT`): restarts, failovers and pauses three times
+    /// as often, and on five masters a restart with another master paused meanwhile.
+    pub hunt: bool,
 }
 
 impl Nemesis {
@@ -104,6 +122,7 @@ impl Nemesis {
             lease,
             injected: BTreeMap::new(),
             opening: Vec::new(),
+            hunt: false,
         }
     }
 
@@ -127,10 +146,12 @@ impl Nemesis {
                 .between(Duration::from_millis(200), Duration::from_millis(800));
             tokio::time::sleep(gap).await;
             self.notice_unplanned(cluster, harness, &primaries, healed);
-            let menu = if self.opening.is_empty() {
-                Fault::menu(cluster.topology)
-            } else {
+            let menu = if !self.opening.is_empty() {
                 self.opening.clone()
+            } else if self.hunt {
+                Fault::hunting_menu(cluster.topology)
+            } else {
+                Fault::menu(cluster.topology)
             };
             let fault = menu[self.rng.below(menu.len() as u64) as usize];
             if matches!(fault, Fault::KillHolder | Fault::StopHolder) {
@@ -190,14 +211,26 @@ impl Nemesis {
             // Noticed, never injected (see `run`).
             Fault::UnplannedFailover => return false,
             Fault::RestartServers => {
-                let victims = self.minority(cluster);
+                let mut victims = self.minority(cluster);
+                // A hunt on five masters restarts one while another sleeps: two of five, still a
+                // minority, one of them forgetting its locks and one keeping stale ones.
+                let paused = (self.hunt && cluster.topology == Topology::Multi && victims.len() == 2)
+                    .then(|| victims.pop())
+                    .flatten();
                 let t = now_ns();
+                if let Some(p) = paused {
+                    cluster.servers[p].pause();
+                }
                 for &i in &victims {
                     cluster.servers[i].kill();
                 }
                 tokio::time::sleep(self.rng.between(Duration::ZERO, Duration::from_millis(500))).await;
                 for &i in &victims {
                     blocking_restart(cluster, i).await;
+                }
+                if let Some(p) = paused {
+                    tokio::time::sleep(self.rng.between(Duration::ZERO, lease)).await;
+                    cluster.servers[p].resume();
                 }
                 if cluster.topology == Topology::Single {
                     // One Redis that kept nothing on disk forgot its locks: outside the guarantees.
