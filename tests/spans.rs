@@ -8,7 +8,7 @@ use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use relock::{LockClient, LockConfig};
+use relock::{LockClient, LockConfig, MultiLock, QuorumConfig};
 use support::{unique_name, RedisServer};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
@@ -24,8 +24,8 @@ struct Closed {
     fields: HashMap<String, String>,
 }
 
-/// An event's message and the name of the span it was in.
-type Seen = (String, Option<&'static str>);
+/// An event's message, the name of the span it was in, and its other fields as text.
+type Seen = (String, Option<&'static str>, HashMap<String, String>);
 
 #[derive(Default, Clone)]
 struct Capture {
@@ -66,7 +66,7 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         event.record(&mut Fields(&mut fields));
         let message = fields.remove("message").unwrap_or_default();
         let span = ctx.event_span(event).map(|s| s.name());
-        self.events.lock().unwrap().push((message, span));
+        self.events.lock().unwrap().push((message, span, fields));
     }
 
     fn on_close(&self, id: Id, ctx: Context<'_, S>) {
@@ -205,8 +205,51 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
 
     // The library's events nest in the spans.
     let events = capture.events.lock().unwrap().clone();
-    let inside = |message: &str, span: &str| events.iter().any(|(m, s)| m == message && *s == Some(span));
+    let inside = |message: &str, span: &str| events.iter().any(|(m, s, _)| m == message && *s == Some(span));
     assert!(inside("lock acquired", "acquire"), "{events:#?}");
     assert!(inside("lock released", "release"), "{events:#?}");
     assert!(inside("watchdog round", "watchdog_round"), "{events:#?}");
+}
+
+/// A refused round over several masters says which masters granted and which had the lock
+/// taken: a waiter that stays refused while the lock looks free is explained by that event.
+#[tokio::test(flavor = "current_thread")]
+async fn a_refused_quorum_round_names_the_masters_that_were_busy() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry()
+        .with(capture.clone())
+        .with(tracing_subscriber::filter::LevelFilter::DEBUG);
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
+    let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    // Masters started just now would sit out their first lease.
+    let quorum = QuorumConfig::default().restart_quarantine(false);
+    let holder = MultiLock::connect_with(&urls, quorum.clone())
+        .await
+        .expect("connect");
+    let waiter = MultiLock::connect_with(&urls, quorum).await.expect("connect");
+    let name = unique_name("refused");
+    let guard = holder.lock(&name).acquire().await.expect("acquire");
+    assert!(waiter.lock(&name).try_acquire().await.expect("try").is_none());
+    guard.release().await.expect("release");
+
+    let events = capture.events.lock().unwrap().clone();
+    let refused: Vec<_> = events
+        .iter()
+        .filter(|(m, _, _)| m == "quorum round refused; undoing its grants")
+        .collect();
+    assert_eq!(refused.len(), 1, "{events:#?}");
+    let fields = &refused[0].2;
+    // Two refusals decide the round: the third master's answer is not waited for.
+    let busy = &fields["busy"];
+    let named = servers
+        .iter()
+        .filter(|server| busy.contains(&format!("127.0.0.1:{}", server.port())))
+        .count();
+    assert_eq!(named, 2, "{fields:?}");
+    assert_eq!(fields["answered"], "2", "{fields:?}");
+    assert_eq!(fields["granted"], "[]", "{fields:?}");
+    assert_eq!(fields["needed"], "2", "{fields:?}");
 }

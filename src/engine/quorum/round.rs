@@ -91,6 +91,7 @@ async fn vote(
         reentry: target > 1,
         nodes,
         refused: 0,
+        busy: Few::default(),
         granted: Few::default(),
         backing: 0,
         denied: 0,
@@ -143,6 +144,7 @@ async fn refuse(
         reentry,
         nodes,
         refused,
+        busy,
         granted,
         backing,
         denied,
@@ -151,6 +153,24 @@ async fn refuse(
         error,
     } = tally;
     let needed = masters.needed();
+    if !masters.single() && tracing::enabled!(tracing::Level::DEBUG) {
+        // Which masters said what: a waiter that stays refused while the lock looks free is
+        // explained by this event alone.
+        let names = |at: &[usize]| -> Vec<String> {
+            at.iter().map(|i| masters.nodes[*i].server.to_string()).collect()
+        };
+        let granted_by: Vec<usize> = granted.iter().map(|g| g.0).collect();
+        tracing::debug!(
+            lock = %keys.name,
+            granted = ?names(&granted_by),
+            busy = ?names(&busy),
+            answered,
+            needed,
+            ?ttl,
+            error = ?error.as_ref().map(ToString::to_string),
+            "quorum round refused; undoing its grants"
+        );
+    }
     let undo = granted
         .iter()
         .map(|(i, _, _)| masters.nodes[*i].undo_grant(keys, field, target - 1));
@@ -191,6 +211,8 @@ struct Tally {
     nodes: usize,
     /// How many refused (another owner holds the lock, or a refusal error); each answers once.
     refused: usize,
+    /// Masters that answered that another owner holds the lock (several masters only).
+    busy: Few<usize>,
     /// Masters that granted: index, previous count, token.
     granted: Few<(usize, u64, u64)>,
     /// Re-entry: grants from masters that had the hold, and masters that said it is not there.
@@ -226,6 +248,9 @@ impl Tally {
                 }
             }
             Ok(Vote::Busy { ttl: left }) => {
+                if !masters.single() {
+                    self.busy.push(i);
+                }
                 self.answered += 1;
                 self.refused += 1;
                 self.denied += 1;
