@@ -129,6 +129,44 @@ async fn watchdog_keeps_the_lock_for_three_leases() {
     assert!(other.lock(&name).try_acquire().await.unwrap().is_some());
 }
 
+/// The watchdog copies a hold's key and field from its last round's bytes: a hold lost and taken
+/// again by the same owner before the next round (a new generation, a new field) is renewed with
+/// its new field, not the copy of the old one (which Redis no longer has: that would end it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_taken_again_between_two_rounds_is_renewed_with_its_new_field() {
+    let server = RedisServer::start();
+    let client = client(&server).await;
+    let name = unique_name("regained");
+    let key = lock_key(&name);
+    let lock = client.lock(&name);
+    let first = lock.acquire().await.unwrap();
+    // A few rounds, so that the watchdog's last one copied this hold.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(first.is_held());
+    let old_field = server.hold_field(&key);
+    server.cmd(&["DEL", &key]);
+    tokio::time::timeout(Duration::from_secs(3), first.lost())
+        .await
+        .expect("lost() did not fire");
+    // The same owner (this task) at once: the same hold, its next generation.
+    let second = lock.acquire().await.unwrap();
+    assert_ne!(
+        server.hold_field(&key),
+        old_field,
+        "a new generation has a new field"
+    );
+    // Five renew intervals and more: past the watchdog timeout only by its renewals.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_millis(2500) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(second.is_held(), "lost after {:?}", start.elapsed());
+    }
+    let pttl = server.cmd(&["PTTL", &key]).as_int().unwrap();
+    assert!(pttl > 0, "lease still set: {pttl}");
+    drop(first);
+    second.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_fires_when_the_key_is_deleted_behind_its_back() {
     let server = RedisServer::start();

@@ -35,31 +35,52 @@ pub(crate) enum LeaseMode {
     Fixed(Duration),
 }
 
+/// In C order, the fields every watchdog round reads and writes first: with the hold's lock and
+/// reference count (see [`Hold`]) they share the allocation's first two cache lines, which a round
+/// over 100,000 holds finds cold.
+#[repr(C)]
 pub(crate) struct HoldState {
-    pub(crate) gen: u64,
     pub(crate) count: u32,
-    pub(crate) token: u64,
-    pub(crate) lease: Duration,
     pub(crate) watchdog: bool,
-    /// When the lease stops being safe, on the monotonic clock (lease start + lease - drift).
-    pub(crate) deadline: Instant,
-    /// Completed (true) when the generation's lease is lost or given up.
-    pub(crate) lost: watch::Sender<bool>,
+    /// Granted by a handoff that Redis has not recorded yet (see `engine/core/handoff.rs`): the handoff's call
+    /// confirms it (and extends its deadline) or ends it, and the watchdog leaves it alone until then.
+    pub(crate) pending: bool,
     /// Removed from the registry; whoever still has it must look the hold up again.
     pub(crate) retired: bool,
+    pub(crate) gen: u64,
+    /// When the lease stops being safe, on the monotonic clock (lease start + lease - drift).
+    pub(crate) deadline: Instant,
+    /// When this generation's lease was found lost (for [`Error::Lost`](crate::Error::Lost)).
+    pub(crate) lost_at: Option<Instant>,
+    /// Where the watchdog's last round copied this hold's key and field, if it did.
+    pub(crate) copied: Option<Copied>,
     /// The Redis field of this generation (owner id and generation).
     pub(crate) field: Str,
+    pub(crate) token: u64,
+    pub(crate) lease: Duration,
+    /// Completed (true) when the generation's lease is lost or given up.
+    pub(crate) lost: watch::Sender<bool>,
     /// When this generation was granted (for `relock_hold_seconds`).
     pub(crate) since: Instant,
     /// The count Redis was last known to hold for this generation, from this client's own answered
     /// operations; `None` when unknown. A release whose target Redis already has is not sent: a
     /// guard's background release that ran after a later level went too has released both.
     pub(crate) confirmed: Option<u32>,
-    /// When this generation's lease was found lost (for [`Error::Lost`](crate::Error::Lost)).
-    pub(crate) lost_at: Option<Instant>,
-    /// Granted by a handoff that Redis has not recorded yet (see `engine/core/handoff.rs`): the handoff's call
-    /// confirms it (and extends its deadline) or ends it, and the watchdog leaves it alone until then.
-    pub(crate) pending: bool,
+}
+
+/// Where a watchdog round copied a hold's key and field into its bytes (see `engine/watchdog.rs`):
+/// the next round copies them from there, without touching the hold's own strings (two cold cache
+/// lines per hold, with 100,000 held locks).
+#[derive(Clone, Copy)]
+pub(crate) struct Copied {
+    /// The round's number (the watchdog counts its rounds from 1).
+    pub(crate) round: u64,
+    /// The generation whose field was copied.
+    pub(crate) gen: u64,
+    /// Where the key starts; the field follows it.
+    pub(crate) at: u32,
+    pub(crate) key_len: u32,
+    pub(crate) field_len: u32,
 }
 
 impl HoldState {
@@ -88,11 +109,14 @@ impl HoldState {
     }
 }
 
+/// In C order, its state first: right after the reference count that the watchdog's snapshot
+/// touches (see [`HoldState`]).
+#[repr(C)]
 pub(crate) struct Hold {
+    pub(crate) state: Mutex<HoldState>,
     pub(crate) keys: Arc<LockKeys>,
     pub(crate) owner: Str,
     pub(crate) ops: Arc<tokio::sync::Mutex<()>>,
-    pub(crate) state: Mutex<HoldState>,
     /// The `lock` label of its figures (see `util/telemetry.rs`).
     pub(crate) label: Label,
     /// Whether its possessions count in the figures: not a waiter's mark (see `engine/marks.rs`), which
@@ -314,6 +338,7 @@ impl Holds {
                         confirmed: None,
                         lost_at: None,
                         pending: false,
+                        copied: None,
                     }),
                     label: telemetry::label(keys.kind.prim(), &keys.name, self.names_in_metrics),
                     counted: !matches!(keys.kind, Kind::Mark(_) | Kind::Waiter(_)),

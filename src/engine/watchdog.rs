@@ -23,7 +23,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use crate::engine::core::Core;
-use crate::engine::hold::Hold;
+use crate::engine::hold::{Copied, Hold, HoldState};
 use crate::redis::node::{RenewItem, Renewed};
 use crate::util::telemetry;
 
@@ -49,6 +49,8 @@ pub(crate) async fn run(core: Weak<Core>) {
     // The last round's buffers, kept: with many holds they are megabytes, which a fresh
     // allocation maps anew (and faults in, page by page) every round.
     let mut spare = Batch::default();
+    // Rounds are numbered from 1: a hold's `Copied` names the round whose bytes hold its key.
+    let mut rounds: u64 = 0;
     loop {
         let Some(strong) = core.upgrade() else { return };
         if strong.is_closed() {
@@ -63,6 +65,8 @@ pub(crate) async fn run(core: Weak<Core>) {
             // The round's pass, made here: while the round waits for Redis, the loop knows every
             // deadline (a partitioned round must not hide a lease that runs out meanwhile).
             let mut batch = std::mem::take(&mut spare);
+            rounds += 1;
+            batch.round = rounds;
             let lease = strong.config.get_watchdog_timeout();
             let seen = survey(&strong, now, Some((&mut batch, lease)));
             earliest = seen.all;
@@ -130,7 +134,10 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
     if let Some((batch, _)) = batch.as_mut() {
         // Kept buffers of a round with far more holds go (their memory with them).
         if batch.holds.capacity() > 2 * holds.len() + 1024 {
-            **batch = Batch::default();
+            **batch = Batch {
+                round: batch.round,
+                ..Batch::default()
+            };
         }
         // A key and a field are about 70 bytes.
         batch.holds.reserve(holds.len());
@@ -138,7 +145,7 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
         batch.bytes.reserve(holds.len() * 80);
     }
     for hold in holds {
-        let st = hold.state.lock();
+        let mut st = hold.state.lock();
         if !st.active() {
             continue;
         }
@@ -154,8 +161,7 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
             Some((batch, lease)) => {
                 let (gen, deadline) = (st.gen, st.deadline);
                 let lease = if st.watchdog { *lease } else { Duration::ZERO };
-                let key = batch.copy(hold.keys.lock.as_bytes());
-                let field = batch.copy(st.field.as_bytes());
+                let (key, field) = batch.copy(&hold, &mut st);
                 drop(st);
                 batch.holds.push(Renewal { hold, gen, deadline });
                 batch.items.push(RenewItem { key, field, lease });
@@ -169,20 +175,61 @@ fn survey(core: &Core, now: Instant, mut batch: Option<(&mut Batch, Duration)>) 
 /// The holds of a round, with the bytes of their keys and fields copied into one buffer: the
 /// calls share that buffer, where a reference to each hold's own strings would touch two more
 /// cold cache lines per hold, twice (100,000 held locks: about a third of the client's work).
+/// A hold the last round copied is copied from that round's bytes, kept for this one.
 #[derive(Default)]
 struct Batch {
     holds: Vec<Renewal>,
     /// What the calls need of each hold, in the same order.
     items: Vec<RenewItem>,
     bytes: BytesMut,
+    /// This round's number.
+    round: u64,
+    /// The last round's bytes, and its number (0: none).
+    prev: Bytes,
+    prev_round: u64,
 }
 
 impl Batch {
-    /// Appends `bytes` to the buffer; where they went in it.
-    fn copy(&mut self, bytes: &[u8]) -> Range<usize> {
+    /// Appends the key and field of `hold` (its state `st`) to the buffer, from the last round's
+    /// bytes if they are there; where they went.
+    fn copy(&mut self, hold: &Hold, st: &mut HoldState) -> (Range<usize>, Range<usize>) {
         let start = self.bytes.len();
-        self.bytes.extend_from_slice(bytes);
-        start..self.bytes.len()
+        let again = st
+            .copied
+            .filter(|c| c.round == self.prev_round && c.gen == st.gen)
+            .and_then(|c| {
+                let key_len = c.key_len as usize;
+                let from = c.at as usize;
+                let bytes = self.prev.get(from..from + key_len + c.field_len as usize)?;
+                Some((bytes, key_len))
+            });
+        let key_len = match again {
+            Some((bytes, key_len)) => {
+                self.bytes.extend_from_slice(bytes);
+                key_len
+            }
+            None => {
+                self.bytes.extend_from_slice(hold.keys.lock.as_bytes());
+                self.bytes.extend_from_slice(st.field.as_bytes());
+                hold.keys.lock.len()
+            }
+        };
+        let (split, end) = (start + key_len, self.bytes.len());
+        st.copied = match (
+            u32::try_from(start),
+            u32::try_from(key_len),
+            u32::try_from(end - split),
+        ) {
+            (Ok(at), Ok(key_len), Ok(field_len)) => Some(Copied {
+                round: self.round,
+                gen: st.gen,
+                at,
+                key_len,
+                field_len,
+            }),
+            _ => None,
+        };
+        (start..split, split..end)
     }
 }
 
@@ -200,9 +247,20 @@ async fn renew_round(core: Arc<Core>, batch: Batch) -> (Option<Instant>, Batch) 
         mut holds,
         mut items,
         bytes,
+        round,
+        prev,
+        prev_round,
     } = batch;
     if holds.is_empty() {
-        return (None, Batch { holds, items, bytes });
+        let batch = Batch {
+            holds,
+            items,
+            bytes,
+            round,
+            prev,
+            prev_round,
+        };
+        return (None, batch);
     }
     // Its events (renewal failures, losses) nest in the round's span.
     let span = tracing::debug_span!(
@@ -214,18 +272,27 @@ async fn renew_round(core: Arc<Core>, batch: Batch) -> (Option<Instant>, Batch) 
     // The client's record (see `redis/identity.rs`) goes beside the round, on every master.
     let record = write_record(&core);
     let bytes = bytes.freeze();
-    let (renewed, ()) = futures::join!(renew(&core, &holds, &items, &bytes).instrument(span), record);
+    let (renewed, ()) = futures::join!(renew(&core, &mut holds, &items, &bytes).instrument(span), record);
     holds.clear();
     items.clear();
-    // Unique again once every call is done with its slices; if not, the next round allocates.
-    let bytes = bytes.try_into_mut().map_or_else(
+    // The next round copies from this round's bytes, and writes where the last round's were:
+    // unique again, as that round's calls are long done (if not, the next round allocates).
+    let next = prev.try_into_mut().map_or_else(
         |_| BytesMut::new(),
         |mut bytes| {
             bytes.clear();
             bytes
         },
     );
-    (renewed, Batch { holds, items, bytes })
+    let batch = Batch {
+        holds,
+        items,
+        bytes: next,
+        round: 0,
+        prev: bytes,
+        prev_round: round,
+    };
+    (renewed, batch)
 }
 
 /// Writes this client's record with the watchdog's lease on every master. Best effort: a failure
@@ -246,7 +313,10 @@ async fn write_record(core: &Core) {
 
 /// One round over `holds`: renewed where a majority confirms, lost where a majority has lost them.
 /// Returns the earliest of their deadlines, as it left them.
-async fn renew(core: &Core, holds: &[Renewal], items: &[RenewItem], bytes: &Bytes) -> Option<Instant> {
+///
+/// The holds are let go of as their answers are applied (`holds` is left empty): each one's
+/// reference count is on the cache line just read, not cold again in a second pass.
+async fn renew(core: &Core, holds: &mut Vec<Renewal>, items: &[RenewItem], bytes: &Bytes) -> Option<Instant> {
     let lease = core.config.get_watchdog_timeout();
     let start = Instant::now();
 
@@ -278,7 +348,8 @@ async fn renew(core: &Core, holds: &[Renewal], items: &[RenewItem], bytes: &Byte
     let mut earliest = None;
     // Watchdog-mode holds, and those of them renewed (fixed leases are only checked).
     let (mut renewals, mut confirmed) = (0u64, 0u64);
-    for (i, (r, item)) in holds.iter().zip(items).enumerate() {
+    let count = holds.len();
+    for (i, (r, item)) in holds.drain(..).zip(items).enumerate() {
         let mut left = r.deadline;
         let watched = !item.lease.is_zero();
         renewals += u64::from(watched);
@@ -305,6 +376,6 @@ async fn renew(core: &Core, holds: &[Renewal], items: &[RenewItem], bytes: &Byte
     let span = tracing::Span::current();
     span.record("renewed", ok);
     span.record("elapsed_us", elapsed_us);
-    tracing::debug!(renewed = ok, holds = holds.len(), elapsed_us, "watchdog round");
+    tracing::debug!(renewed = ok, holds = count, elapsed_us, "watchdog round");
     earliest
 }
