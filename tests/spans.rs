@@ -84,14 +84,21 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
     }
 }
 
-// One thread: the subscriber set here sees every task of the test, the library's included.
+impl Capture {
+    /// A capture of `debug` and above, the thread's subscriber until the guard goes. The tests
+    /// run on one thread: it then sees every task of the test, the library's included.
+    fn install() -> (Capture, tracing::subscriber::DefaultGuard) {
+        let capture = Capture::default();
+        let subscriber = tracing_subscriber::registry()
+            .with(capture.clone())
+            .with(tracing_subscriber::filter::LevelFilter::DEBUG);
+        (capture, tracing::subscriber::set_default(subscriber))
+    }
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn acquire_release_and_watchdog_rounds_have_spans() {
-    let capture = Capture::default();
-    let subscriber = tracing_subscriber::registry()
-        .with(capture.clone())
-        .with(tracing_subscriber::filter::LevelFilter::DEBUG);
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (capture, _default) = Capture::install();
 
     let server = RedisServer::start();
     let config = LockConfig::default()
@@ -215,11 +222,7 @@ async fn acquire_release_and_watchdog_rounds_have_spans() {
 /// taken: a waiter that stays refused while the lock looks free is explained by that event.
 #[tokio::test(flavor = "current_thread")]
 async fn a_refused_quorum_round_names_the_masters_that_were_busy() {
-    let capture = Capture::default();
-    let subscriber = tracing_subscriber::registry()
-        .with(capture.clone())
-        .with(tracing_subscriber::filter::LevelFilter::DEBUG);
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (capture, _default) = Capture::install();
 
     let servers: Vec<RedisServer> = (0..3).map(|_| RedisServer::start()).collect();
     let urls: Vec<String> = servers.iter().map(RedisServer::url).collect();

@@ -610,3 +610,13 @@ async fn chaos_rw_multilock_five_masters() {
 async fn chaos_family_cluster() {
     run_workloads(Topology::Cluster, FAMILY, 30).await;
 }
+
+/// The family on a primary whose replica acknowledges every write (`sync_replicas(1)`): failovers
+/// are within the guarantees here, and nothing they cause is excused. Not in `cargo test`:
+/// `cargo test --test chaos -- --ignored chaos_family_synced_replica`, its length set by
+/// `RELOCK_CHAOS_SECS` (20 s unless set).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long mode: cargo test --test chaos -- --ignored chaos_family_synced_replica"]
+async fn chaos_family_synced_replica() {
+    run_workloads(Topology::Synced, FAMILY, 20).await;
+}
