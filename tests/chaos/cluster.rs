@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::history::{Event, Kind, On, Store};
 use crate::support::proxy::Proxy;
 use crate::support::topologies::RedisCluster;
-use crate::support::RedisServer;
+use crate::support::{RedisServer, Reply};
 use crate::worker::{Settings, Workload};
 use crate::Topology;
 
@@ -70,6 +70,10 @@ impl Cluster {
                 let primary = RedisServer::start();
                 let replica = RedisServer::start();
                 replica.cmd(&["REPLICAOF", "127.0.0.1", &primary.port().to_string()]);
+                // Workers start once the replica takes writes: before its first sync (seconds,
+                // with the diskless sync's delay) every grant of a synced client is undone as
+                // short of replicas, and the run would begin with an outage nobody injected.
+                tokio::task::block_in_place(|| wait_linked(&replica));
                 vec![primary, replica]
             }
         };
@@ -310,5 +314,15 @@ fn follow(live: &Live, event: &Event) {
             tasks.remove(&event.task);
         }
         _ => {}
+    }
+}
+
+/// Waits (up to 30 s) until `replica`'s link to its primary is up.
+fn wait_linked(replica: &RedisServer) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !matches!(replica.try_cmd(&["INFO", "replication"]), Ok(Reply::Str(s)) if s.contains("master_link_status:up"))
+    {
+        assert!(std::time::Instant::now() < deadline, "the replica never synced");
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
